@@ -1,0 +1,572 @@
+//! The affinity index and per-rank cache model.
+//!
+//! `CacheModel` remembers which ranks served which prefix fingerprints and forgets, per
+//! rank, what that rank's own LRU would have evicted: each rank has a capacity in tokens and
+//! an LRU list of the chunks routed to it. When a rank's chunks exceed its capacity, the
+//! least recently used chunks leave the index, so the router stops crediting prefixes the
+//! engine no longer holds.
+//!
+//! Within one recorded prompt the chunks are touched last-to-first, so the first chunk is
+//! the most recent: like vLLM's free queue, the tail of a prefix is evicted before its
+//! head, and what remains is always a usable prefix.
+//!
+//! State changes only through [`CacheModel::record`], [`CacheModel::remove_rank`] and
+//! [`CacheModel::set_capacity`], driven by a logical clock, so replaying the same calls
+//! gives byte-identical state (see [`CacheModel::digest`]).
+//!
+//! Readers never touch the model: [`CacheModel::view`] hands out an immutable
+//! [`IndexView`] (a persistent hash map; cloning is O(1)) that request threads read without
+//! locks while the single writer goes on.
+
+use smallvec::SmallVec;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use xxhash_rust::xxh3::Xxh3;
+
+/// Dense id of one engine rank (one KV cache). Never reused while its state exists.
+pub type RankId = u32;
+
+/// Fingerprints are xxh3 outputs already: hashing them again is wasted work.
+#[derive(Default, Clone, Copy)]
+pub struct IdentityHasher(u64);
+
+impl Hasher for IdentityHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
+
+type Ident = BuildHasherDefault<IdentityHasher>;
+/// The ranks holding one fingerprint; almost always one or two.
+pub type Holders = SmallVec<[RankId; 2]>;
+type PMap<V> = imbl::GenericHashMap<u64, V, Ident, imbl::shared_ptr::DefaultSharedPtr>;
+
+const NIL: u32 = u32::MAX;
+
+#[derive(Clone, Copy, Debug)]
+struct Node {
+    hash: u64,
+    tick: u64,
+    rank: RankId,
+    tokens: u32,
+    prev: u32,
+    next: u32,
+}
+
+#[derive(Clone, Debug, Default)]
+struct RankLru {
+    present: bool,
+    head: u32,
+    tail: u32,
+    tokens: u64,
+    capacity: u64,
+    entries: u64,
+}
+
+/// Immutable snapshot for the request path.
+#[derive(Clone, Default)]
+pub struct IndexView {
+    map: PMap<Holders>,
+    sessions: PMap<RankId>,
+}
+
+impl IndexView {
+    /// For each rank, how many leading fingerprints of `hashes` it holds, contiguously from
+    /// the first. O(prefix length); stops once no rank is still matching.
+    pub fn matches(&self, hashes: &[u64]) -> SmallVec<[(RankId, u32); 8]> {
+        let mut out: SmallVec<[(RankId, u32); 8]> = SmallVec::new();
+        for (i, h) in hashes.iter().enumerate() {
+            let Some(holders) = self.map.get(h) else {
+                break;
+            };
+            let i = i as u32;
+            let mut extended = false;
+            for r in holders {
+                if i == 0 {
+                    out.push((*r, 1));
+                    extended = true;
+                } else if let Some(m) = out.iter_mut().find(|(rr, n)| rr == r && *n == i) {
+                    m.1 = i + 1;
+                    extended = true;
+                }
+            }
+            if !extended {
+                break;
+            }
+        }
+        out
+    }
+
+    /// The rank a session was last routed to.
+    pub fn session(&self, session: u64) -> Option<RankId> {
+        self.sessions.get(&session).copied()
+    }
+
+    /// Number of fingerprints held by any rank.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether the view is empty.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+/// Counters exported as metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IndexStats {
+    /// Distinct fingerprints.
+    pub fingerprints: u64,
+    /// (fingerprint, rank) entries.
+    pub entries: u64,
+    /// Estimated bytes used by the index.
+    pub bytes: u64,
+    /// Entries dropped because a rank's modelled cache was full.
+    pub capacity_evictions: u64,
+    /// Entries dropped because the global entry cap was reached.
+    pub cap_evictions: u64,
+    /// Session hints held.
+    pub sessions: u64,
+}
+
+/// The single-writer model. See the module docs.
+#[derive(Clone)]
+pub struct CacheModel {
+    map: PMap<Holders>,
+    slots: HashMap<(u64, RankId), u32, BuildHasherDefault<SlotHasher>>,
+    nodes: Vec<Node>,
+    free: Vec<u32>,
+    ranks: Vec<RankLru>,
+    sessions: PMap<RankId>,
+    session_ticks: HashMap<u64, u64, Ident>,
+    max_entries: u64,
+    max_sessions: u64,
+    tick: u64,
+    capacity_evictions: u64,
+    cap_evictions: u64,
+}
+
+#[derive(Default)]
+struct SlotHasher(u64);
+impl Hasher for SlotHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 ^= v;
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.0 = self.0.rotate_left(29) ^ u64::from(v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+/// Approximate bytes one (fingerprint, rank) entry costs: the LRU node, the slot map entry
+/// and the persistent map's share (holder list plus trie node overhead).
+pub const BYTES_PER_ENTRY: u64 =
+    (std::mem::size_of::<Node>() + 24 + 8 + std::mem::size_of::<Holders>() + 16) as u64;
+
+impl CacheModel {
+    /// An empty model holding at most `max_entries` (fingerprint, rank) entries and
+    /// `max_sessions` session hints.
+    pub fn new(max_entries: u64, max_sessions: u64) -> Self {
+        CacheModel {
+            map: PMap::default(),
+            slots: HashMap::default(),
+            nodes: Vec::new(),
+            free: Vec::new(),
+            ranks: Vec::new(),
+            sessions: PMap::default(),
+            session_ticks: HashMap::default(),
+            max_entries: max_entries.max(1),
+            max_sessions: max_sessions.max(1),
+            tick: 0,
+            capacity_evictions: 0,
+            cap_evictions: 0,
+        }
+    }
+
+    /// Declares a rank with a KV capacity in tokens (or changes its capacity). A smaller
+    /// capacity evicts at once.
+    pub fn set_capacity(&mut self, rank: RankId, capacity_tokens: u64) {
+        let r = rank as usize;
+        if self.ranks.len() <= r {
+            self.ranks.resize(r + 1, RankLru::default());
+        }
+        let lru = &mut self.ranks[r];
+        if !lru.present {
+            *lru = RankLru {
+                present: true,
+                head: NIL,
+                tail: NIL,
+                tokens: 0,
+                capacity: capacity_tokens,
+                entries: 0,
+            };
+        }
+        lru.capacity = capacity_tokens;
+        self.evict_rank_to_capacity(rank);
+    }
+
+    /// Whether `rank` is known.
+    pub fn has_rank(&self, rank: RankId) -> bool {
+        self.ranks.get(rank as usize).is_some_and(|r| r.present)
+    }
+
+    /// Tokens the model believes `rank` holds.
+    pub fn rank_tokens(&self, rank: RankId) -> u64 {
+        self.ranks.get(rank as usize).map_or(0, |r| r.tokens)
+    }
+
+    /// Forgets everything about `rank` (its server left).
+    pub fn remove_rank(&mut self, rank: RankId) {
+        let Some(lru) = self.ranks.get(rank as usize) else {
+            return;
+        };
+        let mut cur = lru.head;
+        while cur != NIL {
+            let next = self.nodes[cur as usize].next;
+            self.drop_node(cur);
+            cur = next;
+        }
+        self.ranks[rank as usize] = RankLru::default();
+        let stale: Vec<u64> = self
+            .sessions
+            .iter()
+            .filter(|(_, r)| **r == rank)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in stale {
+            self.sessions.remove(&k);
+            self.session_ticks.remove(&k);
+        }
+    }
+
+    /// Records that the prompt with `hashes` (and per-chunk token counts) was served by
+    /// `rank`, and optionally binds `session` to it. Unknown ranks are ignored.
+    pub fn record(&mut self, rank: RankId, hashes: &[u64], chunk_tokens: &[u32], session: Option<u64>) {
+        if !self.has_rank(rank) {
+            return;
+        }
+        self.tick += 1;
+        let tick = self.tick;
+        // Last to first: the head of the prefix ends up most recent.
+        for (i, h) in hashes.iter().enumerate().rev() {
+            let tokens = chunk_tokens.get(i).copied().unwrap_or(0);
+            match self.slots.get(&(*h, rank)) {
+                Some(&idx) => {
+                    self.unlink(idx);
+                    self.nodes[idx as usize].tick = tick;
+                    self.push_front(idx);
+                }
+                None => {
+                    let node = Node {
+                        hash: *h,
+                        tick,
+                        rank,
+                        tokens,
+                        prev: NIL,
+                        next: NIL,
+                    };
+                    let idx = match self.free.pop() {
+                        Some(i) => {
+                            self.nodes[i as usize] = node;
+                            i
+                        }
+                        None => {
+                            self.nodes.push(node);
+                            (self.nodes.len() - 1) as u32
+                        }
+                    };
+                    self.slots.insert((*h, rank), idx);
+                    let lru = &mut self.ranks[rank as usize];
+                    lru.tokens += u64::from(tokens);
+                    lru.entries += 1;
+                    self.push_front(idx);
+                    let mut holders = self.map.get(h).cloned().unwrap_or_default();
+                    holders.push(rank);
+                    self.map.insert(*h, holders);
+                }
+            }
+        }
+        self.evict_rank_to_capacity(rank);
+        while self.slots.len() as u64 > self.max_entries {
+            self.evict_globally_oldest();
+        }
+        if let Some(s) = session {
+            self.sessions.insert(s, rank);
+            self.session_ticks.insert(s, tick);
+            if self.session_ticks.len() as u64 > self.max_sessions {
+                self.shrink_sessions();
+            }
+        }
+    }
+
+    /// An immutable snapshot for readers (O(1)).
+    pub fn view(&self) -> IndexView {
+        IndexView {
+            map: self.map.clone(),
+            sessions: self.sessions.clone(),
+        }
+    }
+
+    /// Current counters.
+    pub fn stats(&self) -> IndexStats {
+        IndexStats {
+            fingerprints: self.map.len() as u64,
+            entries: self.slots.len() as u64,
+            bytes: self.slots.len() as u64 * BYTES_PER_ENTRY,
+            capacity_evictions: self.capacity_evictions,
+            cap_evictions: self.cap_evictions,
+            sessions: self.sessions.len() as u64,
+        }
+    }
+
+    /// A digest of the whole logical state (entries, LRU order, ticks, sessions), equal on
+    /// two models exactly when they would make the same decisions from now on.
+    pub fn digest(&self) -> u64 {
+        let mut h = Xxh3::new();
+        h.update(&self.tick.to_le_bytes());
+        for (r, lru) in self.ranks.iter().enumerate() {
+            if !lru.present {
+                continue;
+            }
+            h.update(&(r as u64).to_le_bytes());
+            h.update(&lru.capacity.to_le_bytes());
+            h.update(&lru.tokens.to_le_bytes());
+            let mut cur = lru.head;
+            while cur != NIL {
+                let n = &self.nodes[cur as usize];
+                h.update(&n.hash.to_le_bytes());
+                h.update(&n.tick.to_le_bytes());
+                h.update(&n.tokens.to_le_bytes());
+                cur = n.next;
+            }
+        }
+        let mut sessions: Vec<(u64, u64, RankId)> = self
+            .session_ticks
+            .iter()
+            .map(|(s, t)| (*s, *t, self.sessions.get(s).copied().unwrap_or(RankId::MAX)))
+            .collect();
+        sessions.sort_unstable();
+        for (s, t, r) in sessions {
+            h.update(&s.to_le_bytes());
+            h.update(&t.to_le_bytes());
+            h.update(&r.to_le_bytes());
+        }
+        h.digest()
+    }
+
+    fn unlink(&mut self, idx: u32) {
+        let Node { prev, next, rank, .. } = self.nodes[idx as usize];
+        if prev != NIL {
+            self.nodes[prev as usize].next = next;
+        } else {
+            self.ranks[rank as usize].head = next;
+        }
+        if next != NIL {
+            self.nodes[next as usize].prev = prev;
+        } else {
+            self.ranks[rank as usize].tail = prev;
+        }
+    }
+
+    fn push_front(&mut self, idx: u32) {
+        let rank = self.nodes[idx as usize].rank;
+        let old = self.ranks[rank as usize].head;
+        self.nodes[idx as usize].prev = NIL;
+        self.nodes[idx as usize].next = old;
+        if old != NIL {
+            self.nodes[old as usize].prev = idx;
+        } else {
+            self.ranks[rank as usize].tail = idx;
+        }
+        self.ranks[rank as usize].head = idx;
+    }
+
+    /// Removes a node from its rank's list, the slot map and the holder map.
+    fn drop_node(&mut self, idx: u32) {
+        self.unlink(idx);
+        let n = self.nodes[idx as usize];
+        let lru = &mut self.ranks[n.rank as usize];
+        lru.tokens = lru.tokens.saturating_sub(u64::from(n.tokens));
+        lru.entries = lru.entries.saturating_sub(1);
+        self.slots.remove(&(n.hash, n.rank));
+        if let Some(holders) = self.map.get(&n.hash) {
+            let mut holders = holders.clone();
+            holders.retain(|r| *r != n.rank);
+            if holders.is_empty() {
+                self.map.remove(&n.hash);
+            } else {
+                self.map.insert(n.hash, holders);
+            }
+        }
+        self.free.push(idx);
+    }
+
+    fn evict_rank_to_capacity(&mut self, rank: RankId) {
+        loop {
+            let lru = &self.ranks[rank as usize];
+            if lru.tokens <= lru.capacity || lru.tail == NIL {
+                return;
+            }
+            let tail = lru.tail;
+            self.drop_node(tail);
+            self.capacity_evictions += 1;
+        }
+    }
+
+    fn evict_globally_oldest(&mut self) {
+        let mut best: Option<(u64, RankId, u32)> = None;
+        for (r, lru) in self.ranks.iter().enumerate() {
+            if lru.present && lru.tail != NIL {
+                let t = self.nodes[lru.tail as usize].tick;
+                if best.is_none_or(|(bt, _, _)| t < bt) {
+                    best = Some((t, r as RankId, lru.tail));
+                }
+            }
+        }
+        if let Some((_, _, idx)) = best {
+            self.drop_node(idx);
+            self.cap_evictions += 1;
+        } else {
+            // Nothing to evict; should be impossible while slots is non-empty.
+            self.slots.clear();
+        }
+    }
+
+    /// Drops the older half of the session hints (amortised O(log n) per insert).
+    fn shrink_sessions(&mut self) {
+        let mut ticks: Vec<(u64, u64)> = self.session_ticks.iter().map(|(s, t)| (*t, *s)).collect();
+        ticks.sort_unstable();
+        let drop = ticks.len() / 2;
+        for (_, s) in &ticks[..drop] {
+            self.session_ticks.remove(s);
+            self.sessions.remove(s);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fps(range: std::ops::Range<u64>) -> Vec<u64> {
+        range.map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1).collect()
+    }
+
+    #[test]
+    fn lookup_is_contiguous_prefix() {
+        let mut m = CacheModel::new(1000, 10);
+        m.set_capacity(0, 1_000_000);
+        m.set_capacity(1, 1_000_000);
+        let a = fps(0..10);
+        m.record(0, &a, &[10; 10], None);
+        m.record(1, &a[..3], &[10; 3], None);
+        let v = m.view();
+        let mut got = v.matches(&a).to_vec();
+        got.sort_unstable();
+        assert_eq!(got, vec![(0, 10), (1, 3)]);
+        // A prompt diverging after chunk 4.
+        let mut b = a[..4].to_vec();
+        b.extend(fps(100..104));
+        let mut got = v.matches(&b).to_vec();
+        got.sort_unstable();
+        assert_eq!(got, vec![(0, 4), (1, 3)]);
+        assert!(v.matches(&fps(200..205)).is_empty());
+    }
+
+    #[test]
+    fn capacity_evicts_tail_first_and_lru_order() {
+        let mut m = CacheModel::new(1000, 10);
+        m.set_capacity(0, 100);
+        let a = fps(0..6); // 60 tokens
+        let b = fps(10..16); // 60 tokens
+        m.record(0, &a, &[10; 6], None);
+        m.record(0, &b, &[10; 6], None);
+        // 120 > 100: the two least recent entries go, which are a's last two chunks.
+        assert_eq!(m.rank_tokens(0), 100);
+        assert_eq!(m.view().matches(&a).to_vec(), vec![(0, 4)]);
+        assert_eq!(m.view().matches(&b).to_vec(), vec![(0, 6)]);
+        // Touching a makes b the oldest.
+        m.record(0, &a[..4], &[10; 4], None);
+        m.record(0, &fps(20..24), &[10; 4], None);
+        assert_eq!(m.view().matches(&a).to_vec(), vec![(0, 4)]);
+        assert_eq!(m.view().matches(&b).to_vec(), vec![(0, 2)]);
+        assert!(m.stats().capacity_evictions >= 6);
+    }
+
+    #[test]
+    fn global_cap_bounds_entries() {
+        let mut m = CacheModel::new(50, 10);
+        m.set_capacity(0, u64::MAX);
+        m.set_capacity(1, u64::MAX);
+        for i in 0..40u64 {
+            m.record((i % 2) as RankId, &fps(i * 10..i * 10 + 5), &[1; 5], None);
+        }
+        let s = m.stats();
+        assert_eq!(s.entries, 50);
+        assert!(s.cap_evictions > 0);
+        assert_eq!(s.bytes, 50 * BYTES_PER_ENTRY);
+        // Most recent prompts survive.
+        assert_eq!(m.view().matches(&fps(390..395)).len(), 1);
+        assert!(m.view().matches(&fps(0..5)).is_empty());
+    }
+
+    #[test]
+    fn view_is_isolated_from_later_writes() {
+        let mut m = CacheModel::new(100, 10);
+        m.set_capacity(0, 1000);
+        let v = m.view();
+        m.record(0, &fps(0..3), &[1; 3], Some(7));
+        assert!(v.matches(&fps(0..3)).is_empty());
+        assert_eq!(m.view().matches(&fps(0..3)).to_vec(), vec![(0, 3)]);
+        assert_eq!(m.view().session(7), Some(0));
+    }
+
+    #[test]
+    fn remove_rank_and_digest() {
+        let mut a = CacheModel::new(100, 10);
+        let mut b = CacheModel::new(100, 10);
+        for m in [&mut a, &mut b] {
+            m.set_capacity(0, 1000);
+            m.set_capacity(1, 1000);
+            m.record(0, &fps(0..3), &[1; 3], Some(1));
+            m.record(1, &fps(0..5), &[1; 5], Some(2));
+        }
+        assert_eq!(a.digest(), b.digest());
+        b.record(0, &fps(0..1), &[1], None);
+        assert_ne!(a.digest(), b.digest());
+        a.remove_rank(1);
+        assert_eq!(a.view().matches(&fps(0..5)).to_vec(), vec![(0, 3)]);
+        assert_eq!(a.view().session(2), None);
+        assert_eq!(a.stats().entries, 3);
+        // Records for a removed rank are ignored.
+        a.record(1, &fps(0..5), &[1; 5], None);
+        assert_eq!(a.stats().entries, 3);
+    }
+
+    #[test]
+    fn sessions_are_bounded() {
+        let mut m = CacheModel::new(100, 8);
+        m.set_capacity(0, 1000);
+        for s in 0..100 {
+            m.record(0, &[], &[], Some(s));
+        }
+        assert!(m.stats().sessions <= 8);
+        assert_eq!(m.view().session(99), Some(0));
+    }
+}

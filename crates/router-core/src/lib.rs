@@ -1,0 +1,16 @@
+//! Pure routing logic for the router: no I/O, no async runtime, no clocks.
+//!
+//! Everything here is deterministic given its inputs, so the same code can drive the data
+//! plane, a replicated state machine and logical-time fleet simulations.
+
+pub mod canon;
+pub mod fingerprint;
+pub mod health;
+pub mod index;
+pub mod score;
+
+pub use canon::{canonicalize, CanonError, CanonicalPrompt, Endpoint};
+pub use fingerprint::{FingerprintConfig, Fingerprints};
+pub use health::{HealthMachine, HealthThresholds, HealthTransition};
+pub use index::{CacheModel, IndexStats, IndexView, RankId};
+pub use score::{select, Candidate, Decision, Policy, Reason, RouteInput, ScoreParams};

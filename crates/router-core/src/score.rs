@@ -1,0 +1,456 @@
+//! Backend selection: `select(input, candidates) -> ordered candidates`.
+//!
+//! ## The `prefix` cost (lowest wins)
+//!
+//! ```text
+//! cost(r) = ( uncached(r) + prefill_weight * queued_prefill(r) + decode_weight * decodes(r) ) / weight(r)
+//! uncached(r) = prompt_tokens - cached(r)
+//! ```
+//!
+//! * `cached(r)`: tokens of the longest prefix of this prompt that the cache model says rank
+//!   `r` still holds (contiguous fingerprints from the first chunk).
+//! * `queued_prefill(r)`: predicted uncached prompt tokens of requests in flight on `r` that
+//!   have not produced their first token yet (work the engine must do before ours).
+//! * `decodes(r)`: requests on `r` that are generating.
+//! * `prefill_weight` (default 1.0): a token queued ahead of us delays us as much as one of
+//!   our own uncached tokens.
+//! * `decode_weight` (default 64 tokens): each running decode takes a slot of every engine
+//!   step and slows it; 64 prefill-token equivalents per decode keeps a rank with a few
+//!   long generations from being treated as idle, while a 40k-token cached prefix still
+//!   outweighs hundreds of decodes.
+//! * `weight(r)` (default 1.0): relative speed of the rank; a rank twice as fast halves
+//!   every cost on it.
+//!
+//! Everything is in engine tokens, so the formula reads as "estimated work before our first
+//! token". A cached conversation moves only when its rank's queue exceeds the re-prefill cost
+//! elsewhere. Ties (equal cost, e.g. cold prompts on idle ranks) are broken by a rotation
+//! seeded by the caller, so cold conversations spread evenly.
+//!
+//! With a session id (header or body), the rank the session last went to is credited with the
+//! best cached prefix any rank holds: a strong hint, still subject to load.
+
+use crate::fingerprint::Fingerprints;
+use crate::index::{IndexView, RankId};
+use smallvec::SmallVec;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+/// Routing policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    /// Cache-aware cost (default).
+    #[default]
+    Prefix,
+    /// Load only.
+    Load,
+    /// Rotation.
+    RoundRobin,
+    /// Rendezvous hash on the session id (load when there is none).
+    Session,
+}
+
+impl Policy {
+    /// Parses the names used in config and `RJ_AFFINITY`.
+    pub fn parse(s: &str) -> Option<Policy> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "prefix" => Some(Policy::Prefix),
+            "load" => Some(Policy::Load),
+            "round_robin" | "round-robin" | "rr" => Some(Policy::RoundRobin),
+            "session" => Some(Policy::Session),
+            _ => None,
+        }
+    }
+}
+
+/// Tunables of the cost formula (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ScoreParams {
+    /// Weight of queued prefill tokens.
+    pub prefill_weight: f64,
+    /// Prefill-token equivalents of one running decode.
+    pub decode_weight: f64,
+    /// Honour session ids as hints under the `prefix` policy.
+    pub session_hint: bool,
+}
+
+impl Default for ScoreParams {
+    fn default() -> Self {
+        ScoreParams {
+            prefill_weight: 1.0,
+            decode_weight: 64.0,
+            session_hint: true,
+        }
+    }
+}
+
+/// One eligible rank (healthy, accepting new work) and its current load.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Candidate {
+    /// Rank id in the cache model.
+    pub rank: RankId,
+    /// Stable key for rendezvous hashing (e.g. hash of URL and rank index).
+    pub key: u64,
+    /// Relative speed (> 0).
+    pub weight: f64,
+    /// Predicted uncached prompt tokens of requests waiting for their first token.
+    pub queued_prefill: u64,
+    /// Requests generating.
+    pub decodes: u64,
+}
+
+/// What a decision is based on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// The winner holds part of the prompt.
+    PrefixHit,
+    /// No rank holds any of it.
+    Cold,
+    /// Some rank holds more of it, but load sent us elsewhere.
+    Load,
+    /// The session hint decided.
+    Session,
+    /// The policy had nothing to go on and fell back to load.
+    Fallback,
+    /// Rotation.
+    RoundRobin,
+}
+
+impl Reason {
+    /// Metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Reason::PrefixHit => "prefix_hit",
+            Reason::Cold => "cold",
+            Reason::Load => "load",
+            Reason::Session => "session",
+            Reason::Fallback => "fallback",
+            Reason::RoundRobin => "round_robin",
+        }
+    }
+
+    /// All reasons, for metric exposition.
+    pub const ALL: [Reason; 6] = [
+        Reason::PrefixHit,
+        Reason::Cold,
+        Reason::Load,
+        Reason::Session,
+        Reason::Fallback,
+        Reason::RoundRobin,
+    ];
+}
+
+/// One request as the scorer sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteInput<'a> {
+    /// The prompt's fingerprints.
+    pub fps: &'a Fingerprints,
+    /// Hash of the session id, if any.
+    pub session: Option<u64>,
+    /// Rotation seed for ties (e.g. a per-process counter mixed with a seed).
+    pub tie: u64,
+}
+
+/// The ordered candidates and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// Indexes into the candidate slice, best first; later ones are retry targets.
+    pub order: SmallVec<[usize; 8]>,
+    /// Why the first one won.
+    pub reason: Reason,
+    /// Tokens the first candidate is predicted to serve from cache.
+    pub predicted_cached_tokens: u64,
+    /// Matched fingerprints on the first candidate (to know what to record).
+    pub matched_chunks: u32,
+}
+
+/// Orders `candidates` for one request. Pure: same inputs, same output.
+pub fn select(
+    policy: Policy,
+    params: &ScoreParams,
+    input: &RouteInput<'_>,
+    view: &IndexView,
+    candidates: &[Candidate],
+) -> Decision {
+    let n = candidates.len();
+    if n == 0 {
+        return Decision {
+            order: SmallVec::new(),
+            reason: Reason::Fallback,
+            predicted_cached_tokens: 0,
+            matched_chunks: 0,
+        };
+    }
+    let rot = |i: usize| (i + (input.tie % n as u64) as usize) % n;
+    match policy {
+        Policy::RoundRobin => {
+            let order = (0..n).map(rot).collect();
+            finish(order, Reason::RoundRobin, input, view, candidates)
+        }
+        Policy::Load => {
+            let order = by_cost(candidates, rot, |c| load_cost(params, c));
+            finish(order, Reason::Load, input, view, candidates)
+        }
+        Policy::Session => match input.session {
+            Some(s) => {
+                let mut order: SmallVec<[usize; 8]> = (0..n).collect();
+                order.sort_by_key(|i| {
+                    std::cmp::Reverse(xxh3_64_with_seed(&candidates[*i].key.to_le_bytes(), s))
+                });
+                finish(order, Reason::Session, input, view, candidates)
+            }
+            None => {
+                let order = by_cost(candidates, rot, |c| load_cost(params, c));
+                finish(order, Reason::Fallback, input, view, candidates)
+            }
+        },
+        Policy::Prefix => prefix(params, input, view, candidates, rot),
+    }
+}
+
+fn load_cost(p: &ScoreParams, c: &Candidate) -> f64 {
+    (p.prefill_weight * c.queued_prefill as f64 + p.decode_weight * c.decodes as f64)
+        / c.weight.max(1e-9)
+}
+
+fn by_cost(
+    candidates: &[Candidate],
+    rot: impl Fn(usize) -> usize,
+    cost: impl Fn(&Candidate) -> f64,
+) -> SmallVec<[usize; 8]> {
+    let mut keyed: SmallVec<[(f64, usize, usize); 8]> = candidates
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (cost(c), rot(i), i))
+        .collect();
+    keyed.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    keyed.into_iter().map(|k| k.2).collect()
+}
+
+/// Fills in cache predictions for a non-prefix policy (for metrics only).
+fn finish(
+    order: SmallVec<[usize; 8]>,
+    reason: Reason,
+    input: &RouteInput<'_>,
+    view: &IndexView,
+    candidates: &[Candidate],
+) -> Decision {
+    let first = candidates[order[0]].rank;
+    let matched = view
+        .matches(&input.fps.hashes)
+        .iter()
+        .find(|(r, _)| *r == first)
+        .map_or(0, |m| m.1);
+    Decision {
+        order,
+        reason,
+        predicted_cached_tokens: input.fps.tokens_of_prefix(matched as usize),
+        matched_chunks: matched,
+    }
+}
+
+fn prefix(
+    params: &ScoreParams,
+    input: &RouteInput<'_>,
+    view: &IndexView,
+    candidates: &[Candidate],
+    rot: impl Fn(usize) -> usize,
+) -> Decision {
+    let matches = view.matches(&input.fps.hashes);
+    let matched_of = |rank: RankId| matches.iter().find(|(r, _)| *r == rank).map_or(0, |m| m.1);
+    let best_matched = candidates
+        .iter()
+        .map(|c| matched_of(c.rank))
+        .max()
+        .unwrap_or(0);
+    let hinted = if params.session_hint {
+        input
+            .session
+            .and_then(|s| view.session(s))
+            .filter(|r| candidates.iter().any(|c| c.rank == *r))
+    } else {
+        None
+    };
+    let total = input.fps.total_tokens;
+    let credited = |c: &Candidate| -> u32 {
+        let own = matched_of(c.rank);
+        if hinted == Some(c.rank) {
+            own.max(best_matched)
+        } else {
+            own
+        }
+    };
+    let mut keyed: SmallVec<[(f64, usize, usize); 8]> = candidates
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let cached = input.fps.tokens_of_prefix(credited(c) as usize).min(total);
+            let uncached = (total - cached) as f64;
+            let cost = (uncached
+                + params.prefill_weight * c.queued_prefill as f64
+                + params.decode_weight * c.decodes as f64)
+                / c.weight.max(1e-9);
+            (cost, rot(i), i)
+        })
+        .collect();
+    keyed.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let order: SmallVec<[usize; 8]> = keyed.into_iter().map(|k| k.2).collect();
+    let winner = &candidates[order[0]];
+    let own = matched_of(winner.rank);
+    let reason = if hinted == Some(winner.rank) && own < best_matched {
+        Reason::Session
+    } else if best_matched == 0 {
+        Reason::Cold
+    } else if own < best_matched {
+        Reason::Load
+    } else {
+        Reason::PrefixHit
+    };
+    Decision {
+        order,
+        reason,
+        predicted_cached_tokens: input.fps.tokens_of_prefix(own as usize),
+        matched_chunks: own,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::CacheModel;
+
+    fn fp(n: u64, tokens: u32) -> Fingerprints {
+        Fingerprints {
+            hashes: (1..=n).map(|i| i * 1_000_003).collect(),
+            chunk_tokens: vec![tokens; n as usize],
+            total_tokens: n * u64::from(tokens),
+        }
+    }
+
+    fn cands(n: u32) -> Vec<Candidate> {
+        (0..n)
+            .map(|r| Candidate {
+                rank: r,
+                key: u64::from(r) * 77,
+                weight: 1.0,
+                queued_prefill: 0,
+                decodes: 0,
+            })
+            .collect()
+    }
+
+    fn model(n: u32) -> CacheModel {
+        let mut m = CacheModel::new(10_000, 100);
+        for r in 0..n {
+            m.set_capacity(r, 1_000_000);
+        }
+        m
+    }
+
+    fn pick(policy: Policy, f: &Fingerprints, m: &CacheModel, c: &[Candidate], tie: u64) -> Decision {
+        select(
+            policy,
+            &ScoreParams::default(),
+            &RouteInput {
+                fps: f,
+                session: None,
+                tie,
+            },
+            &m.view(),
+            c,
+        )
+    }
+
+    #[test]
+    fn cached_rank_wins() {
+        let f = fp(20, 512);
+        let mut m = model(4);
+        m.record(2, &f.hashes[..15], &f.chunk_tokens[..15], None);
+        let d = pick(Policy::Prefix, &f, &m, &cands(4), 0);
+        assert_eq!(d.order[0], 2);
+        assert_eq!(d.reason, Reason::PrefixHit);
+        assert_eq!(d.predicted_cached_tokens, 15 * 512);
+        assert_eq!(d.order.len(), 4);
+    }
+
+    #[test]
+    fn load_moves_only_past_reprefill_cost() {
+        let f = fp(20, 512); // 10240 tokens, all cached on rank 0
+        let mut m = model(2);
+        m.record(0, &f.hashes, &f.chunk_tokens, None);
+        let mut c = cands(2);
+        c[0].queued_prefill = 10_000; // less than re-prefilling 10240 elsewhere
+        assert_eq!(pick(Policy::Prefix, &f, &m, &c, 0).order[0], 0);
+        c[0].queued_prefill = 10_300;
+        let d = pick(Policy::Prefix, &f, &m, &c, 0);
+        assert_eq!(d.order[0], 1);
+        assert_eq!(d.reason, Reason::Load);
+        c[0].queued_prefill = 0;
+        c[0].decodes = 200; // 200 * 64 = 12800 > 10240
+        assert_eq!(pick(Policy::Prefix, &f, &m, &c, 0).order[0], 1);
+    }
+
+    #[test]
+    fn weight_scales_cost() {
+        let f = fp(4, 512);
+        let m = model(2);
+        let mut c = cands(2);
+        c[0].queued_prefill = 1000;
+        c[1].queued_prefill = 1500;
+        assert_eq!(pick(Policy::Prefix, &f, &m, &c, 0).order[0], 0);
+        c[1].weight = 2.0;
+        assert_eq!(pick(Policy::Prefix, &f, &m, &c, 0).order[0], 1);
+    }
+
+    #[test]
+    fn cold_ties_rotate() {
+        let f = fp(3, 512);
+        let m = model(4);
+        let c = cands(4);
+        let firsts: Vec<usize> = (0..8).map(|t| pick(Policy::Prefix, &f, &m, &c, t).order[0]).collect();
+        assert_eq!(firsts, vec![0, 3, 2, 1, 0, 3, 2, 1]);
+        assert_eq!(pick(Policy::Prefix, &f, &m, &c, 0).reason, Reason::Cold);
+    }
+
+    #[test]
+    fn session_hint_and_rendezvous() {
+        let f = fp(10, 512);
+        let mut m = model(3);
+        m.record(0, &f.hashes, &f.chunk_tokens, None);
+        m.record(2, &[], &[], Some(42));
+        let c = cands(3);
+        let input = RouteInput {
+            fps: &f,
+            session: Some(42),
+            tie: 0,
+        };
+        let d = select(Policy::Prefix, &ScoreParams::default(), &input, &m.view(), &c);
+        // Rank 2 is credited with rank 0's prefix; tie at equal cost is rotation-broken,
+        // so give rank 0 a little load to make the hint decide.
+        let mut c2 = c.clone();
+        c2[0].decodes = 1;
+        let d2 = select(Policy::Prefix, &ScoreParams::default(), &input, &m.view(), &c2);
+        assert_eq!(d2.order[0], 2);
+        assert_eq!(d2.reason, Reason::Session);
+        assert!(d.order[0] == 0 || d.order[0] == 2);
+        // Rendezvous: stable per session, and removing another rank keeps the choice.
+        let s1 = select(Policy::Session, &ScoreParams::default(), &input, &m.view(), &c);
+        let winner = c[s1.order[0]].rank;
+        let without: Vec<Candidate> = c.iter().copied().filter(|x| x.rank == winner || x.rank != (winner + 1) % 3).collect();
+        let s2 = select(Policy::Session, &ScoreParams::default(), &input, &m.view(), &without);
+        assert_eq!(without[s2.order[0]].rank, winner);
+    }
+
+    #[test]
+    fn other_policies() {
+        let f = fp(3, 512);
+        let m = model(3);
+        let mut c = cands(3);
+        c[0].queued_prefill = 5;
+        c[1].decodes = 1;
+        let d = pick(Policy::Load, &f, &m, &c, 0);
+        assert_eq!(d.order.as_slice(), &[2, 0, 1]);
+        let rr: Vec<usize> = (0..3).map(|t| pick(Policy::RoundRobin, &f, &m, &c, t).order[0]).collect();
+        assert_eq!(rr, vec![0, 1, 2]);
+        assert!(pick(Policy::Prefix, &f, &m, &[], 0).order.is_empty());
+    }
+}
