@@ -1,0 +1,298 @@
+//! Response bodies: small fixed ones, and the relay that streams an upstream response to
+//! the client frame by frame, with an idle timeout, load accounting and usage scanning.
+
+use crate::metrics::Metrics;
+use crate::topology::RankState;
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::time::Sleep;
+
+/// Boxed error for bodies.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// Every response body the router sends.
+pub type RespBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// A complete body.
+pub fn full(b: impl Into<Bytes>) -> RespBody {
+    Full::new(b.into()).map_err(|e| match e {}).boxed_unsync()
+}
+
+/// One request's share of a rank's load: counted as queued prefill until the first byte,
+/// then as a running decode, and released when dropped (completion, error or disconnect).
+pub struct LoadGuard {
+    rank: Arc<RankState>,
+    prefill: u64,
+    decoding: bool,
+}
+
+impl LoadGuard {
+    /// Starts counting a request with `prefill` predicted uncached tokens on `rank`.
+    pub fn new(rank: Arc<RankState>, prefill: u64) -> Self {
+        rank.queued_prefill.fetch_add(prefill, Relaxed);
+        rank.inflight.fetch_add(1, Relaxed);
+        LoadGuard {
+            rank,
+            prefill,
+            decoding: false,
+        }
+    }
+
+    /// The first byte arrived: prefill is over.
+    pub fn first_byte(&mut self) {
+        if !self.decoding {
+            self.decoding = true;
+            self.rank.queued_prefill.fetch_sub(self.prefill, Relaxed);
+            self.rank.decodes.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+impl Drop for LoadGuard {
+    fn drop(&mut self) {
+        if self.decoding {
+            self.rank.decodes.fetch_sub(1, Relaxed);
+        } else {
+            self.rank.queued_prefill.fetch_sub(self.prefill, Relaxed);
+        }
+        self.rank.inflight.fetch_sub(1, Relaxed);
+    }
+}
+
+/// Pulls `prompt_tokens` and `cached_tokens` out of OpenAI, Responses and Anthropic usage
+/// objects.
+pub fn usage_of(v: &serde_json::Value) -> Option<(u64, u64)> {
+    let u = v.get("usage").filter(|u| u.is_object())?;
+    let prompt = u
+        .get("prompt_tokens")
+        .or_else(|| u.get("input_tokens"))
+        .and_then(serde_json::Value::as_u64)?;
+    let cached = u
+        .get("prompt_tokens_details")
+        .or_else(|| u.get("input_tokens_details"))
+        .and_then(|d| d.get("cached_tokens"))
+        .or_else(|| u.get("cache_read_input_tokens"))
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(0);
+    Some((prompt, cached))
+}
+
+/// Finds the usage object in a streamed or whole response without holding the response.
+#[derive(Default)]
+struct UsageScanner {
+    sse: bool,
+    buf: Vec<u8>,
+    found: Option<(u64, u64)>,
+}
+
+const MAX_SCAN: usize = 1 << 20;
+
+impl UsageScanner {
+    fn feed(&mut self, chunk: &[u8]) {
+        if self.buf.len() + chunk.len() > MAX_SCAN {
+            // A line or document too large to be worth parsing for usage.
+            self.buf.clear();
+            if !self.sse {
+                return;
+            }
+        }
+        self.buf.extend_from_slice(chunk);
+        if !self.sse {
+            return;
+        }
+        while let Some(nl) = self.buf.iter().position(|b| *b == b'\n') {
+            let line = &self.buf[..nl];
+            if let Some(data) = line.strip_prefix(b"data:") {
+                if contains(data, b"\"usage\"") {
+                    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(trim(data)) {
+                        if let Some(u) = usage_of(&v) {
+                            self.found = Some(u);
+                        }
+                    }
+                }
+            }
+            self.buf.drain(..=nl);
+        }
+    }
+
+    fn finish(&mut self) -> Option<(u64, u64)> {
+        if !self.sse && !self.buf.is_empty() {
+            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&self.buf) {
+                self.found = usage_of(&v);
+            }
+        }
+        self.found
+    }
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+fn trim(b: &[u8]) -> &[u8] {
+    let s = b.iter().position(|c| !c.is_ascii_whitespace()).unwrap_or(b.len());
+    let e = b.iter().rposition(|c| !c.is_ascii_whitespace()).map_or(s, |e| e + 1);
+    &b[s..e]
+}
+
+enum State {
+    Streaming,
+    Done,
+}
+
+/// Streams an upstream body to the client. Dropping it (client gone) drops the upstream
+/// body, which closes the upstream connection and so cancels the request there.
+pub struct RelayBody {
+    inner: hyper::body::Incoming,
+    idle: Duration,
+    sleep: Pin<Box<Sleep>>,
+    state: State,
+    guard: Option<LoadGuard>,
+    scan: UsageScanner,
+    metrics: Arc<Metrics>,
+    started: Instant,
+    first_seen: bool,
+    sse: bool,
+    upstream: Arc<str>,
+}
+
+impl RelayBody {
+    /// Wraps `inner`; `guard` is released when the body ends.
+    pub fn new(
+        inner: hyper::body::Incoming,
+        sse: bool,
+        idle: Duration,
+        guard: LoadGuard,
+        metrics: Arc<Metrics>,
+        started: Instant,
+        upstream: Arc<str>,
+    ) -> Self {
+        RelayBody {
+            inner,
+            idle,
+            sleep: Box::pin(tokio::time::sleep(idle)),
+            state: State::Streaming,
+            guard: Some(guard),
+            scan: UsageScanner {
+                sse,
+                ..Default::default()
+            },
+            metrics,
+            started,
+            first_seen: false,
+            sse,
+            upstream,
+        }
+    }
+
+    fn end(&mut self, ok: bool) {
+        self.state = State::Done;
+        self.guard = None;
+        self.metrics.observe_duration(self.started.elapsed());
+        if ok {
+            if let Some((p, c)) = self.scan.finish() {
+                self.metrics.observe_usage(p, c);
+            }
+        }
+    }
+
+    /// After the first byte an error cannot be retried: tell the client. SSE clients get an
+    /// `error` event; other bodies are aborted, which the client sees as a broken response.
+    fn fail(&mut self, code: &'static str, message: String) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.metrics.stream_error(code);
+        tracing::warn!(upstream = %self.upstream, code, %message, "upstream stream failed after first byte");
+        self.end(false);
+        if self.sse {
+            let err = serde_json::json!({"error": {"message": message, "type": "upstream_error", "code": code, "param": null}});
+            let frame = format!("event: error\ndata: {err}\n\n");
+            Poll::Ready(Some(Ok(Frame::data(Bytes::from(frame)))))
+        } else {
+            Poll::Ready(Some(Err(message.into())))
+        }
+    }
+}
+
+impl Body for RelayBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        if let State::Done = this.state {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(d) = frame.data_ref() {
+                    if !this.first_seen && !d.is_empty() {
+                        this.first_seen = true;
+                        if let Some(g) = this.guard.as_mut() {
+                            g.first_byte();
+                        }
+                        this.metrics.observe_ttft(this.started.elapsed());
+                    }
+                    this.scan.feed(d);
+                }
+                let deadline = tokio::time::Instant::now() + this.idle;
+                this.sleep.as_mut().reset(deadline);
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => this.fail("upstream_stream_error", format!("upstream stream broke: {e}")),
+            Poll::Ready(None) => {
+                this.end(true);
+                Poll::Ready(None)
+            }
+            Poll::Pending => match this.sleep.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    let idle = this.idle;
+                    this.fail("upstream_idle_timeout", format!("upstream sent nothing for {} ms", idle.as_millis()))
+                }
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self.state, State::Done)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.state {
+            State::Done => SizeHint::with_exact(0),
+            State::Streaming => SizeHint::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_from_sse_split_across_chunks() {
+        let mut s = UsageScanner {
+            sse: true,
+            ..Default::default()
+        };
+        s.feed(b"data: {\"choices\":[]}\n\ndata: {\"choices\":[],\"usa");
+        s.feed(b"ge\":{\"prompt_tokens\":100,\"prompt_tokens_details\":{\"cached_tokens\":64}}}\n\ndata: [DONE]\n\n");
+        assert_eq!(s.finish(), Some((100, 64)));
+    }
+
+    #[test]
+    fn usage_from_json_and_anthropic() {
+        let mut s = UsageScanner::default();
+        s.feed(br#"{"id":"x","usage":{"input_tokens":10,"cache_read_input_tokens":7}}"#);
+        assert_eq!(s.finish(), Some((10, 7)));
+        let mut s = UsageScanner::default();
+        s.feed(br#"{"id":"x"}"#);
+        assert_eq!(s.finish(), None);
+    }
+}

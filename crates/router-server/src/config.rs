@@ -1,0 +1,516 @@
+//! Configuration: built-in defaults < TOML file < `RJ_*` (Ramjet compatibility) <
+//! `ROUTER_*` environment < command-line flags, validated before anything binds.
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use router_core::{FingerprintConfig, HealthThresholds, Policy, ScoreParams};
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Everything the daemon needs. Every key is documented in README.md.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Client HTTP(S) listener.
+    pub listen: SocketAddr,
+    /// Optional extra listener serving only `/metrics` and `/health`.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Client API key; when set, every route but `/health` and `/metrics` needs
+    /// `Authorization: Bearer <key>` (or `x-api-key`).
+    pub api_key: Option<String>,
+    /// Bearer token sent to upstreams (replaces the client's Authorization header).
+    pub upstream_token: Option<String>,
+    /// Routing policy: prefix, load, round_robin, session.
+    pub policy: Policy,
+    /// Seed of the tie-break rotation.
+    pub seed: u64,
+    /// Engine servers.
+    pub upstreams: Vec<UpstreamConfig>,
+    /// Prompt fingerprinting.
+    pub fingerprint: FingerprintConfig,
+    /// Cost formula constants.
+    pub score: ScoreParams,
+    /// Cache model.
+    pub cache: CacheConfig,
+    /// Request limits.
+    pub limits: Limits,
+    /// Timeouts in milliseconds.
+    pub timeouts: Timeouts,
+    /// Upstream attempts per request (connect errors and 502/503 before the first byte).
+    pub max_attempts: u32,
+    /// Active health checks.
+    pub health: HealthConfig,
+    /// TLS on the client listener.
+    pub tls: Option<TlsConfig>,
+    /// Logging.
+    pub log: LogConfig,
+}
+
+/// One engine server.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// Base URL, e.g. `http://10.0.0.5:8000`.
+    pub url: String,
+    /// Data-parallel ranks behind this URL, addressed with `routed_dp_rank` (default 1).
+    #[serde(default = "one")]
+    pub ranks: u32,
+    /// KV capacity of each rank in tokens (default: `cache.default_capacity_tokens`).
+    #[serde(default)]
+    pub capacity_tokens: Option<u64>,
+    /// Relative speed of each rank (default 1.0).
+    #[serde(default = "one_f")]
+    pub weight: f64,
+}
+
+fn one() -> u32 {
+    1
+}
+fn one_f() -> f64 {
+    1.0
+}
+
+impl UpstreamConfig {
+    /// An upstream with defaults.
+    pub fn from_url(url: &str) -> Self {
+        UpstreamConfig {
+            url: url.trim().trim_end_matches('/').to_owned(),
+            ranks: 1,
+            capacity_tokens: None,
+            weight: 1.0,
+        }
+    }
+}
+
+/// Cache model sizing.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheConfig {
+    /// KV tokens per rank when the upstream does not say (default 1,000,000).
+    pub default_capacity_tokens: u64,
+    /// Cap on (fingerprint, rank) entries across all ranks (default 2,000,000, ~200 MB).
+    pub max_entries: u64,
+    /// Cap on remembered session ids (default 200,000).
+    pub max_sessions: u64,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            default_capacity_tokens: 1_000_000,
+            max_entries: 2_000_000,
+            max_sessions: 200_000,
+        }
+    }
+}
+
+/// Request limits.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Largest accepted request body (default 32 MiB); larger gets 413.
+    pub max_body_bytes: u64,
+    /// Largest accepted request head, all header names and values (default 64 KiB); larger
+    /// gets 431.
+    pub max_header_bytes: u64,
+    /// Concurrent client connections (default 4096); more wait in the accept queue.
+    pub max_connections: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body_bytes: 32 << 20,
+            max_header_bytes: 64 << 10,
+            max_connections: 4096,
+        }
+    }
+}
+
+/// Timeouts in milliseconds.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Timeouts {
+    /// TCP connect to an upstream (default 2,000).
+    pub connect_ms: u64,
+    /// From sending a request to the upstream's response head (default 600,000: a long
+    /// prompt in a long queue can take minutes).
+    pub first_byte_ms: u64,
+    /// Longest silence inside a streamed response (default 120,000).
+    pub idle_stream_ms: u64,
+    /// Reading a client's request head (default 10,000).
+    pub client_header_ms: u64,
+    /// Reading a client's request body (default 60,000).
+    pub client_body_ms: u64,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            connect_ms: 2_000,
+            first_byte_ms: 600_000,
+            idle_stream_ms: 120_000,
+            client_header_ms: 10_000,
+            client_body_ms: 60_000,
+        }
+    }
+}
+
+/// Active health checks.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthConfig {
+    /// Path probed on each upstream (default `/health`).
+    pub path: String,
+    /// Probe period (default 2,000 ms).
+    pub interval_ms: u64,
+    /// Probe timeout (default 1,000 ms).
+    pub timeout_ms: u64,
+    /// Consecutive failures to mark down, successes to mark up.
+    #[serde(flatten)]
+    pub thresholds: HealthThresholds,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            path: "/health".into(),
+            interval_ms: 2_000,
+            timeout_ms: 1_000,
+            thresholds: HealthThresholds::default(),
+        }
+    }
+}
+
+/// PEM files for the client listener.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// Certificate chain.
+    pub cert: PathBuf,
+    /// Private key.
+    pub key: PathBuf,
+}
+
+/// Logging.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `text` or `json`.
+    pub format: String,
+    /// A tracing filter, e.g. `info` or `router_server=debug` (`RUST_LOG` wins).
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            format: "text".into(),
+            level: "info".into(),
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: "127.0.0.1:8080".parse().expect("static address"),
+            metrics_listen: None,
+            api_key: None,
+            upstream_token: None,
+            policy: Policy::Prefix,
+            seed: 0x5eed,
+            upstreams: Vec::new(),
+            fingerprint: FingerprintConfig::default(),
+            score: ScoreParams::default(),
+            cache: CacheConfig::default(),
+            limits: Limits::default(),
+            timeouts: Timeouts::default(),
+            max_attempts: 3,
+            health: HealthConfig::default(),
+            tls: None,
+            log: LogConfig::default(),
+        }
+    }
+}
+
+/// A configuration problem, reported before anything starts.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A source could not be read or parsed.
+    #[error("{0}")]
+    Load(String),
+    /// A value is out of range.
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+/// Values given on the command line (highest precedence).
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct Overrides {
+    /// `--listen`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+    /// `--metrics-listen`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// `--policy`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<Policy>,
+    /// `--upstream` (replaces the list).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstreams: Option<Vec<UpstreamConfig>>,
+}
+
+/// Reads `RJ_*` variables from `env` into a figment layer (Ramjet drop-in).
+fn ramjet_layer(env: &dyn Fn(&str) -> Option<String>) -> Result<Figment, ConfigError> {
+    let mut f = Figment::new();
+    if let Some(list) = env("RJ_UPSTREAM") {
+        let mut ups: Vec<UpstreamConfig> = split_list(&list)
+            .map(UpstreamConfig::from_url)
+            .collect();
+        if let Some(ranks) = env("RJ_UPSTREAM_DP_RANKS") {
+            let ranks: Vec<&str> = split_list(&ranks).collect();
+            for (i, u) in ups.iter_mut().enumerate() {
+                let r = if ranks.len() == 1 { ranks[0] } else { ranks.get(i).copied().unwrap_or("1") };
+                u.ranks = r.parse().map_err(|_| {
+                    ConfigError::Invalid(format!("RJ_UPSTREAM_DP_RANKS: '{r}' is not a number"))
+                })?;
+            }
+        }
+        f = f.merge(Serialized::default("upstreams", ups));
+    }
+    if let Some(a) = env("RJ_API_ADDR") {
+        f = f.merge(Serialized::default("listen", go_addr(&a, "RJ_API_ADDR")?));
+    }
+    if let Some(a) = env("RJ_METRICS_ADDR") {
+        f = f.merge(Serialized::default("metrics_listen", go_addr(&a, "RJ_METRICS_ADDR")?));
+    }
+    if let Some(a) = env("RJ_AFFINITY") {
+        let p = Policy::parse(&a)
+            .ok_or_else(|| ConfigError::Invalid(format!("RJ_AFFINITY: unknown policy '{a}'")))?;
+        f = f.merge(Serialized::default("policy", p));
+    }
+    if let Some(t) = env("RJ_UPSTREAM_TOKEN") {
+        f = f.merge(Serialized::default("upstream_token", t));
+    }
+    Ok(f)
+}
+
+fn split_list(s: &str) -> impl Iterator<Item = &str> {
+    s.split(',').map(str::trim).filter(|x| !x.is_empty())
+}
+
+/// Go-style listen addresses: `:8080` means all interfaces.
+fn go_addr(a: &str, var: &str) -> Result<SocketAddr, ConfigError> {
+    let a = a.trim();
+    let full = if a.starts_with(':') { format!("0.0.0.0{a}") } else { a.to_owned() };
+    full.parse()
+        .map_err(|_| ConfigError::Invalid(format!("{var}: '{a}' is not host:port")))
+}
+
+impl Config {
+    /// Loads from every layer. `env` is injected so tests need not touch the process.
+    pub fn load(
+        file: Option<&std::path::Path>,
+        env: &dyn Fn(&str) -> Option<String>,
+        overrides: Overrides,
+    ) -> Result<Config, ConfigError> {
+        let mut f = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = file {
+            if !path.exists() {
+                return Err(ConfigError::Load(format!(
+                    "config file {} does not exist",
+                    path.display()
+                )));
+            }
+            f = f.merge(Toml::file_exact(path));
+        }
+        f = f.merge(ramjet_layer(env)?);
+        // ROUTER_UPSTREAM=url,url is the short form of the upstream list.
+        if let Some(list) = env("ROUTER_UPSTREAM") {
+            let ups: Vec<UpstreamConfig> = split_list(&list).map(UpstreamConfig::from_url).collect();
+            f = f.merge(Serialized::default("upstreams", ups));
+        }
+        // ROUTER_LIMITS__MAX_BODY_BYTES=... sets limits.max_body_bytes.
+        f = f.merge(Env::prefixed("ROUTER_").split("__").ignore(&["upstream"]));
+        f = f.merge(Serialized::defaults(overrides));
+        let cfg: Config = f.extract().map_err(|e| ConfigError::Load(e.to_string()))?;
+        cfg.validate()
+    }
+
+    /// Checks every value; returns the config unchanged when it is usable.
+    pub fn validate(self) -> Result<Config, ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        for u in &self.upstreams {
+            if let Err(e) = parse_upstream_url(&u.url) {
+                return bad(format!("upstream '{}': {e}", u.url));
+            }
+            if u.ranks == 0 || u.ranks > 1024 {
+                return bad(format!("upstream '{}': ranks must be 1..=1024", u.url));
+            }
+            if !(u.weight.is_finite() && u.weight > 0.0) {
+                return bad(format!("upstream '{}': weight must be positive", u.url));
+            }
+            if u.capacity_tokens == Some(0) {
+                return bad(format!("upstream '{}': capacity_tokens must be positive", u.url));
+            }
+        }
+        let mut urls: Vec<&str> = self.upstreams.iter().map(|u| u.url.as_str()).collect();
+        urls.sort_unstable();
+        if urls.windows(2).any(|w| w[0] == w[1]) {
+            return bad("the same upstream URL is listed twice".into());
+        }
+        self.fingerprint.validate().map_err(ConfigError::Invalid)?;
+        if !(self.score.prefill_weight >= 0.0 && self.score.decode_weight >= 0.0) {
+            return bad("score weights must be non-negative".into());
+        }
+        if self.cache.default_capacity_tokens == 0 || self.cache.max_entries == 0 {
+            return bad("cache sizes must be positive".into());
+        }
+        if self.limits.max_body_bytes == 0 || self.limits.max_header_bytes < 1024 {
+            return bad("limits.max_body_bytes must be positive and limits.max_header_bytes at least 1024".into());
+        }
+        if self.limits.max_connections == 0 {
+            return bad("limits.max_connections must be positive".into());
+        }
+        let t = &self.timeouts;
+        for (name, v) in [
+            ("connect_ms", t.connect_ms),
+            ("first_byte_ms", t.first_byte_ms),
+            ("idle_stream_ms", t.idle_stream_ms),
+            ("client_header_ms", t.client_header_ms),
+            ("client_body_ms", t.client_body_ms),
+            ("health.interval_ms", self.health.interval_ms),
+            ("health.timeout_ms", self.health.timeout_ms),
+        ] {
+            if v == 0 {
+                return bad(format!("timeouts: {name} must be positive"));
+            }
+        }
+        if self.max_attempts == 0 {
+            return bad("max_attempts must be at least 1".into());
+        }
+        if !self.health.path.starts_with('/') {
+            return bad("health.path must start with '/'".into());
+        }
+        if let Some(tls) = &self.tls {
+            for p in [&tls.cert, &tls.key] {
+                if !p.exists() {
+                    return bad(format!("tls: {} does not exist", p.display()));
+                }
+            }
+        }
+        if self.log.format != "text" && self.log.format != "json" {
+            return bad("log.format must be 'text' or 'json'".into());
+        }
+        if matches!(&self.api_key, Some(k) if k.is_empty()) {
+            return bad("api_key must not be empty when set".into());
+        }
+        Ok(self)
+    }
+}
+
+/// Splits `http://host:port[/base]` into authority and base path.
+pub fn parse_upstream_url(url: &str) -> Result<(String, String), String> {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| "only http:// upstream URLs are supported".to_string())?;
+    let (authority, base) = match rest.find('/') {
+        Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
+        None => (rest, ""),
+    };
+    if authority.is_empty() {
+        return Err("missing host".into());
+    }
+    authority
+        .parse::<http::uri::Authority>()
+        .map_err(|e| format!("bad host: {e}"))?;
+    Ok((authority.to_owned(), base.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn load(vars: &[(&str, &str)], file: Option<&std::path::Path>, o: Overrides) -> Result<Config, ConfigError> {
+        let m: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let get = |k: &str| m.get(k).cloned();
+        // ROUTER_* comes from the process environment, which these tests leave alone.
+        Config::load(file, &get, o)
+    }
+
+    #[test]
+    fn defaults_validate() {
+        assert!(Config::default().validate().is_ok());
+    }
+
+    #[test]
+    fn ramjet_env() {
+        let c = load(
+            &[
+                ("RJ_UPSTREAM", "http://a:1, http://b:2/"),
+                ("RJ_API_ADDR", ":9000"),
+                ("RJ_AFFINITY", "load"),
+                ("RJ_UPSTREAM_DP_RANKS", "4"),
+                ("RJ_UPSTREAM_TOKEN", "t"),
+            ],
+            None,
+            Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(c.upstreams.len(), 2);
+        assert_eq!(c.upstreams[1].url, "http://b:2");
+        assert_eq!(c.upstreams[0].ranks, 4);
+        assert_eq!(c.listen.port(), 9000);
+        assert_eq!(c.policy, Policy::Load);
+        assert_eq!(c.upstream_token.as_deref(), Some("t"));
+    }
+
+    #[test]
+    fn precedence_file_then_flags() {
+        let dir = std::env::temp_dir().join(format!("rcfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("r.toml");
+        std::fs::write(
+            &p,
+            "listen = \"127.0.0.1:7000\"\npolicy = \"round_robin\"\n[[upstreams]]\nurl = \"http://x:1\"\nranks = 2\n[limits]\nmax_body_bytes = 100\n",
+        )
+        .unwrap();
+        let c = load(&[], Some(&p), Overrides::default()).unwrap();
+        assert_eq!(c.listen.port(), 7000);
+        assert_eq!(c.policy, Policy::RoundRobin);
+        assert_eq!(c.upstreams[0].ranks, 2);
+        assert_eq!(c.limits.max_body_bytes, 100);
+        let c = load(
+            &[("RJ_AFFINITY", "load")],
+            Some(&p),
+            Overrides {
+                policy: Some(Policy::Session),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(c.policy, Policy::Session);
+        std::fs::write(&p, "lisen = 1\n").unwrap();
+        let e = load(&[], Some(&p), Overrides::default()).unwrap_err().to_string();
+        assert!(e.contains("lisen"), "{e}");
+    }
+
+    #[test]
+    fn invalid_values_are_reported() {
+        let mut c = Config::default();
+        c.upstreams.push(UpstreamConfig::from_url("ftp://x"));
+        assert!(c.validate().unwrap_err().to_string().contains("http://"));
+        let mut c = Config::default();
+        c.upstreams.push(UpstreamConfig::from_url("http://x:1"));
+        c.upstreams.push(UpstreamConfig::from_url("http://x:1"));
+        assert!(c.validate().is_err());
+        let mut c = Config::default();
+        c.timeouts.connect_ms = 0;
+        assert!(c.validate().is_err());
+        assert!(load(&[("RJ_AFFINITY", "nope")], None, Overrides::default()).is_err());
+    }
+}

@@ -1,0 +1,98 @@
+//! Drives each upstream's [`HealthMachine`] from active probes and passive results, and
+//! publishes the verdict as an atomic flag that the request path reads.
+
+use crate::config::HealthConfig;
+use crate::state::RoutingState;
+use crate::UpstreamClient;
+use bytes::Bytes;
+use http_body_util::Full;
+use router_core::{HealthMachine, HealthTransition};
+use std::collections::HashMap;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// A passive observation from a real request.
+#[derive(Debug)]
+pub struct Observation {
+    /// Upstream URL.
+    pub url: Arc<str>,
+    /// Whether the attempt worked.
+    pub ok: bool,
+}
+
+/// Sender half used by the proxy.
+#[derive(Clone)]
+pub struct HealthReporter(mpsc::Sender<Observation>);
+
+impl HealthReporter {
+    /// Reports a result; drops it if the health task is behind (probes still run).
+    pub fn report(&self, url: &Arc<str>, ok: bool) {
+        let _ = self.0.try_send(Observation { url: url.clone(), ok });
+    }
+}
+
+/// Spawns the health task.
+pub fn spawn(cfg: HealthConfig, state: Arc<dyn RoutingState>, client: UpstreamClient, token: Option<String>) -> HealthReporter {
+    let (tx, mut rx) = mpsc::channel::<Observation>(4096);
+    tokio::spawn(async move {
+        let mut machines: HashMap<Arc<str>, HealthMachine> = HashMap::new();
+        let mut tick = tokio::time::interval(Duration::from_millis(cfg.interval_ms));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let (probe_tx, mut probe_rx) = mpsc::channel::<Observation>(1024);
+        loop {
+            let obs = tokio::select! {
+                _ = tick.tick() => {
+                    for up in state.topology().upstreams.iter() {
+                        let url = up.url.clone();
+                        let uri = format!("http://{}{}{}", up.authority, up.base, cfg.path);
+                        let client = client.clone();
+                        let tx = probe_tx.clone();
+                        let timeout = Duration::from_millis(cfg.timeout_ms);
+                        let token = token.clone();
+                        tokio::spawn(async move {
+                            let ok = probe(&client, &uri, token.as_deref(), timeout).await;
+                            let _ = tx.send(Observation { url, ok }).await;
+                        });
+                    }
+                    continue;
+                }
+                Some(o) = probe_rx.recv() => o,
+                o = rx.recv() => match o { Some(o) => o, None => return },
+            };
+            let topo = state.topology();
+            let Some(up) = topo.upstreams.iter().find(|u| u.url == obs.url) else {
+                machines.remove(&obs.url);
+                continue;
+            };
+            let m = machines.entry(obs.url.clone()).or_insert_with(HealthMachine::new_up);
+            match m.observe(obs.ok, cfg.thresholds) {
+                Some(HealthTransition::Down) => {
+                    tracing::warn!(upstream = %obs.url, "upstream marked down");
+                    up.up.store(false, Relaxed);
+                }
+                Some(HealthTransition::Up) => {
+                    tracing::info!(upstream = %obs.url, "upstream marked up");
+                    up.up.store(true, Relaxed);
+                }
+                None => {}
+            }
+        }
+    });
+    HealthReporter(tx)
+}
+
+async fn probe(client: &UpstreamClient, uri: &str, token: Option<&str>, timeout: Duration) -> bool {
+    let mut b = http::Request::get(uri);
+    if let Some(t) = token {
+        b = b.header(http::header::AUTHORIZATION, format!("Bearer {t}"));
+    }
+    let Ok(req) = b.body(Full::new(Bytes::new())) else {
+        return false;
+    };
+    match tokio::time::timeout(timeout, client.request(req)).await {
+        Ok(Ok(resp)) => resp.status().is_success(),
+        _ => false,
+    }
+}

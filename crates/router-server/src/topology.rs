@@ -1,0 +1,124 @@
+//! The upstream servers and their ranks, as an immutable snapshot that request threads read
+//! without locks; live counters are atomics shared across snapshots.
+
+use crate::config::{parse_upstream_url, UpstreamConfig};
+use router_core::{Candidate, RankId};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use xxhash_rust::xxh3::xxh3_64;
+
+/// One engine server (one URL).
+#[derive(Debug)]
+pub struct Upstream {
+    /// Base URL as configured.
+    pub url: Arc<str>,
+    /// `host:port`.
+    pub authority: String,
+    /// Path prefix (usually empty).
+    pub base: String,
+    /// Healthy, as decided by the health task.
+    pub up: AtomicBool,
+    /// Accepting new conversations (false while draining).
+    pub accepting: AtomicBool,
+}
+
+/// One KV cache: an upstream, or one data-parallel rank of it.
+#[derive(Debug)]
+pub struct RankState {
+    /// Id in the cache model.
+    pub id: RankId,
+    /// The server.
+    pub upstream: Arc<Upstream>,
+    /// `routed_dp_rank` to send, for multi-rank servers.
+    pub dp_rank: Option<u32>,
+    /// Stable key for rendezvous hashing.
+    pub key: u64,
+    /// Relative speed.
+    pub weight: f64,
+    /// KV capacity in tokens.
+    pub capacity_tokens: u64,
+    /// Predicted uncached prompt tokens of requests waiting for their first byte.
+    pub queued_prefill: AtomicU64,
+    /// Requests generating.
+    pub decodes: AtomicU64,
+    /// Requests in flight.
+    pub inflight: AtomicU64,
+    /// Requests sent here.
+    pub requests: AtomicU64,
+}
+
+impl RankState {
+    /// Label used in the response header and logs: `url` or `url#dp`.
+    pub fn label(&self) -> String {
+        match self.dp_rank {
+            Some(d) => format!("{}#{d}", self.upstream.url),
+            None => self.upstream.url.to_string(),
+        }
+    }
+
+    /// The scorer's view of this rank.
+    pub fn candidate(&self) -> Candidate {
+        Candidate {
+            rank: self.id,
+            key: self.key,
+            weight: self.weight,
+            queued_prefill: self.queued_prefill.load(Relaxed),
+            decodes: self.decodes.load(Relaxed),
+        }
+    }
+
+    /// Whether new requests may go here.
+    pub fn eligible(&self) -> bool {
+        self.upstream.up.load(Relaxed) && self.upstream.accepting.load(Relaxed)
+    }
+}
+
+/// Every server and rank.
+#[derive(Debug, Default)]
+pub struct Topology {
+    /// Servers.
+    pub upstreams: Vec<Arc<Upstream>>,
+    /// Ranks, in id order.
+    pub ranks: Vec<Arc<RankState>>,
+}
+
+impl Topology {
+    /// Builds the topology from config; rank ids are assigned densely in order.
+    pub fn from_config(ups: &[UpstreamConfig], default_capacity: u64) -> Topology {
+        let mut t = Topology::default();
+        for u in ups {
+            let (authority, base) = parse_upstream_url(&u.url).unwrap_or_default();
+            let up = Arc::new(Upstream {
+                url: Arc::from(u.url.trim_end_matches('/')),
+                authority,
+                base,
+                up: AtomicBool::new(true),
+                accepting: AtomicBool::new(true),
+            });
+            for d in 0..u.ranks {
+                let id = t.ranks.len() as RankId;
+                let dp_rank = (u.ranks > 1).then_some(d);
+                let key = xxh3_64(format!("{}#{d}", up.url).as_bytes());
+                t.ranks.push(Arc::new(RankState {
+                    id,
+                    upstream: up.clone(),
+                    dp_rank,
+                    key,
+                    weight: u.weight,
+                    capacity_tokens: u.capacity_tokens.unwrap_or(default_capacity),
+                    queued_prefill: AtomicU64::new(0),
+                    decodes: AtomicU64::new(0),
+                    inflight: AtomicU64::new(0),
+                    requests: AtomicU64::new(0),
+                }));
+            }
+            t.upstreams.push(up);
+        }
+        t
+    }
+
+    /// Ranks of one upstream.
+    pub fn ranks_of<'a>(&'a self, up: &'a Upstream) -> impl Iterator<Item = &'a Arc<RankState>> + 'a {
+        self.ranks.iter().filter(move |r| std::ptr::eq(&*r.upstream, up))
+    }
+}
