@@ -1,1 +1,231 @@
+//! Helpers for the integration tests: build and start the real binaries, a small fake
+//! engine that speaks enough of the OpenAI API, and an HTTP client.
 
+pub mod engine;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The workspace root.
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
+}
+
+/// Builds the workspace binaries once per test process and returns the path of `name`.
+/// Tests run the same profile the test binary was built with.
+pub fn bin(name: &str) -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let dir = BUILT.get_or_init(|| {
+        let exe = std::env::current_exe().expect("current exe");
+        // target/<profile>/deps/<test> -> target/<profile>
+        let profile_dir = exe.parent().and_then(Path::parent).expect("profile dir").to_path_buf();
+        let release = profile_dir.file_name().is_some_and(|n| n == "release");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.current_dir(workspace()).args(["build", "--quiet", "--bins"]);
+        if release {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().expect("running cargo build");
+        assert!(status.success(), "cargo build --bins failed");
+        profile_dir
+    });
+    dir.join(name)
+}
+
+/// A free port on 127.0.0.1 (bound and released; good enough for tests).
+pub fn free_addr() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr")
+}
+
+/// A running process, killed on drop.
+pub struct Proc {
+    /// The child.
+    pub child: Child,
+    /// Where its stderr goes.
+    pub log: PathBuf,
+}
+
+impl Proc {
+    /// The process's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A temporary directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    /// Creates a fresh directory.
+    pub fn new(tag: &str) -> TempDir {
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p = std::env::temp_dir().join(format!("rtr-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("mkdir");
+        TempDir(p)
+    }
+    /// A path inside.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Starts `router` with a TOML config and extra environment, and waits until it answers
+/// `/health` at `addr` (any status).
+pub async fn start_router(dir: &TempDir, toml: &str, env: &[(&str, &str)], addr: SocketAddr) -> Proc {
+    let cfg = dir.path("router.toml");
+    std::fs::write(&cfg, toml).expect("write config");
+    let p = spawn_router(dir, &["--config", cfg.to_str().expect("utf8")], env);
+    wait_http(addr, &p).await;
+    p
+}
+
+/// Spawns `router` with arguments and environment, without waiting.
+pub fn spawn_router(dir: &TempDir, args: &[&str], env: &[(&str, &str)]) -> Proc {
+    let log = dir.path(&format!("router-{}.log", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)));
+    let f = std::fs::File::create(&log).expect("log file");
+    let mut cmd = Command::new(bin("router"));
+    cmd.args(args).stdout(Stdio::null()).stderr(f);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let child = cmd.spawn().expect("spawn router");
+    Proc { child, log }
+}
+
+/// Waits until something answers HTTP on `addr`.
+pub async fn wait_http(addr: SocketAddr, p: &Proc) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("router at {addr} did not start; log:\n{}", p.log());
+}
+
+/// A plain HTTP client.
+pub fn client() -> Client<HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build(HttpConnector::new())
+}
+
+/// A response read whole.
+#[derive(Debug)]
+pub struct Reply {
+    /// Status code.
+    pub status: u16,
+    /// Headers.
+    pub headers: http::HeaderMap,
+    /// Body.
+    pub body: Bytes,
+}
+
+impl Reply {
+    /// Body as JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+    /// A header as a string.
+    pub fn header(&self, k: &str) -> Option<String> {
+        self.headers.get(k).and_then(|v| v.to_str().ok()).map(str::to_owned)
+    }
+}
+
+/// Sends a request and reads the whole response.
+pub async fn send(method: &str, url: &str, body: impl Into<Bytes>, headers: &[(&str, &str)]) -> Reply {
+    let mut b = http::Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let req = b.body(Full::new(body.into())).expect("request");
+    let resp = tokio::time::timeout(Duration::from_secs(30), client().request(req))
+        .await
+        .expect("timeout")
+        .expect("request failed");
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    Reply { status, headers, body }
+}
+
+/// POSTs JSON.
+pub async fn post(url: &str, body: &serde_json::Value, headers: &[(&str, &str)]) -> Reply {
+    let mut h = vec![("content-type", "application/json")];
+    h.extend_from_slice(headers);
+    send("POST", url, serde_json::to_vec(body).expect("json"), &h).await
+}
+
+/// Deterministic filler text of `n` bytes (distinct per `seed`).
+pub fn text(seed: u64, n: usize) -> String {
+    let words = ["alpha", "beta", "gamma", "delta", "omega", "fn", "let", "match", "impl", "struct", "cargo", "tokio"];
+    let mut s = String::with_capacity(n + 16);
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(1);
+    while s.len() < n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        s.push_str(words[(x % words.len() as u64) as usize]);
+        s.push(' ');
+    }
+    s.truncate(n);
+    s
+}
+
+/// A growing agent conversation.
+pub struct Conversation {
+    /// Messages so far.
+    pub messages: Vec<serde_json::Value>,
+    seed: u64,
+    turn: u64,
+}
+
+impl Conversation {
+    /// Starts with a system prompt of `system_bytes` and a first user message.
+    pub fn new(seed: u64, system_bytes: usize) -> Self {
+        Conversation {
+            messages: vec![
+                serde_json::json!({"role": "system", "content": text(seed, system_bytes)}),
+                serde_json::json!({"role": "user", "content": format!("task {seed}: {}", text(seed + 1000, 300))}),
+            ],
+            seed,
+            turn: 0,
+        }
+    }
+
+    /// The request body for the next turn.
+    pub fn body(&self, model: &str, stream: bool) -> serde_json::Value {
+        serde_json::json!({"model": model, "messages": self.messages, "stream": stream, "max_tokens": 16})
+    }
+
+    /// Appends the assistant's reply and a tool result of `tool_bytes`.
+    pub fn advance(&mut self, reply: &str, tool_bytes: usize) {
+        self.turn += 1;
+        self.messages.push(serde_json::json!({"role": "assistant", "content": reply}));
+        self.messages.push(serde_json::json!({"role": "user", "content": text(self.seed * 7919 + self.turn, tool_bytes)}));
+    }
+}

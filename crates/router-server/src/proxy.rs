@@ -223,7 +223,9 @@ async fn inference(ctx: &Arc<Ctx>, req: Request<Incoming>, ep: Endpoint) -> Resu
     }
     let cands: Vec<Candidate> = eligible.iter().map(|r| r.candidate()).collect();
     let view = ctx.state.view();
-    let tie = ctx.tie.fetch_add(1, Relaxed).wrapping_add(ctx.cfg.seed);
+    // The rotation advances only on decisions that were ties in practice (cold prompts,
+    // round robin), so a fixed number of warm turns per conversation cannot alias it.
+    let tie = ctx.tie.load(Relaxed).wrapping_add(ctx.cfg.seed);
     let d = select(
         ctx.cfg.policy,
         &ctx.cfg.score,
@@ -232,6 +234,9 @@ async fn inference(ctx: &Arc<Ctx>, req: Request<Incoming>, ep: Endpoint) -> Resu
         &cands,
     );
     drop(view);
+    if matches!(d.reason, Reason::Cold | Reason::RoundRobin | Reason::Fallback | Reason::Load) {
+        ctx.tie.fetch_add(1, Relaxed);
+    }
     let order: Vec<Arc<RankState>> = d.order.iter().map(|i| eligible[*i].clone()).collect();
     let mut first = true;
     send_with_retries(ctx, &parts, &body, &order, started, |rank| {
