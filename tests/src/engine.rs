@@ -171,8 +171,9 @@ async fn serve(st: Arc<EngineState>, req: Request<Incoming>) -> Response<Body> {
     tokio::spawn(async move {
         for i in 0..chunks {
             if break_after == Some(i) {
-                // Dropping the sender without [DONE] and with an open chunked body makes
-                // hyper end the body early; the router sees an incomplete stream.
+                // Let the chunks sent so far reach the router, then end the body short of
+                // its declared length: the router sees an incomplete stream.
+                tokio::time::sleep(Duration::from_millis(200)).await;
                 return;
             }
             let c = serde_json::json!({"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content": format!("{content} {i} ")}}]});

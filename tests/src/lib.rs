@@ -30,7 +30,9 @@ pub fn bin(name: &str) -> PathBuf {
         let release = profile_dir.file_name().is_some_and(|n| n == "release");
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut cmd = Command::new(cargo);
-        cmd.current_dir(workspace()).args(["build", "--quiet", "--bins"]);
+        // --all-targets resolves features as `cargo test` does, so the two do not
+        // invalidate each other's artifacts.
+        cmd.current_dir(workspace()).args(["build", "--quiet", "--workspace", "--all-targets"]);
         if release {
             cmd.arg("--release");
         }

@@ -381,6 +381,10 @@ fn relay(
     for k in hop {
         parts.headers.remove(k);
     }
+    if sse {
+        // The relay may append an error event: the upstream's length would then be wrong.
+        parts.headers.remove(header::CONTENT_LENGTH);
+    }
     if let Ok(v) = HeaderValue::from_str(&rank.upstream.url) {
         parts.headers.insert("x-router-upstream", v);
     }

@@ -1,0 +1,98 @@
+//! Upstream failures: before the first byte the request goes elsewhere; after it the client
+//! is told; with nothing healthy the client gets a 503.
+
+use router_tests::engine::fleet;
+use router_tests::*;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_upstream_is_retried_before_first_byte() {
+    let engines = fleet(1).await;
+    let dead = free_addr(); // nothing listens here
+    let addr = free_addr();
+    let dir = TempDir::new("retry");
+    let toml = format!(
+        "listen = \"{addr}\"\n[health]\ninterval_ms = 60000\n[[upstreams]]\nurl = \"http://{dead}\"\n[[upstreams]]\nurl = \"{}\"\n",
+        engines[0].url()
+    );
+    let _r = start_router(&dir, &toml, &[], addr).await;
+    let url = format!("http://{addr}/v1/chat/completions");
+    for i in 0..6 {
+        let r = post(&url, &Conversation::new(i, 3000).body("m", i % 2 == 0), &[]).await;
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        assert_eq!(r.header("x-router-upstream").unwrap(), engines[0].url());
+    }
+    let m = send("GET", &format!("http://{addr}/metrics"), "", &[]).await;
+    let t = String::from_utf8_lossy(&m.body);
+    assert!(t.contains("router_upstream_attempt_failures_total{kind=\"connect\"}"), "{t}");
+    assert!(!t.contains("router_upstream_attempt_failures_total{kind=\"connect\"} 0"), "{t}");
+    // Passive failures mark it down after 3 strikes.
+    assert!(t.contains(&format!("router_upstream_up{{upstream=\"http://{dead}\"}} 0")), "{t}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_503_is_retried_and_all_failing_gives_502() {
+    let engines = fleet(2).await;
+    engines[0].state.force_status.store(503, Relaxed);
+    let addr = free_addr();
+    let dir = TempDir::new("503");
+    let toml = format!(
+        "listen = \"{addr}\"\n[health]\ninterval_ms = 60000\nfall = 100\n[[upstreams]]\nurl = \"{}\"\n[[upstreams]]\nurl = \"{}\"\n",
+        engines[0].url(),
+        engines[1].url()
+    );
+    let _r = start_router(&dir, &toml, &[], addr).await;
+    let url = format!("http://{addr}/v1/chat/completions");
+    for i in 0..4 {
+        let r = post(&url, &Conversation::new(i, 100).body("m", false), &[]).await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("x-engine").unwrap(), "e1");
+    }
+    engines[1].state.force_status.store(502, Relaxed);
+    let r = post(&url, &Conversation::new(9, 100).body("m", false), &[]).await;
+    assert_eq!(r.status, 502);
+    assert_eq!(r.json()["error"]["code"], "upstream_unavailable");
+    // A 500 from the engine is the engine's answer: passed through, not retried.
+    engines[1].state.force_status.store(500, Relaxed);
+    engines[0].state.force_status.store(500, Relaxed);
+    let before = engines[0].count() + engines[1].count();
+    let r = post(&url, &Conversation::new(10, 100).body("m", false), &[]).await;
+    assert_eq!(r.status, 500);
+    assert_eq!(engines[0].count() + engines[1].count(), before + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_healthy_upstream_gives_503() {
+    let dead = free_addr();
+    let addr = free_addr();
+    let dir = TempDir::new("nohealthy");
+    let toml = format!(
+        "listen = \"{addr}\"\n[health]\ninterval_ms = 50\ntimeout_ms = 50\nfall = 1\n[[upstreams]]\nurl = \"http://{dead}\"\n"
+    );
+    let _r = start_router(&dir, &toml, &[], addr).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let h = send("GET", &format!("http://{addr}/health"), "", &[]).await;
+    assert_eq!(h.status, 503);
+    assert_eq!(h.json()["status"], "unavailable");
+    let r = post(&format!("http://{addr}/v1/chat/completions"), &Conversation::new(1, 10).body("m", false), &[]).await;
+    assert_eq!(r.status, 503);
+    assert_eq!(r.json()["error"]["code"], "no_healthy_upstream");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_probes_bring_upstream_back() {
+    let engines = fleet(1).await;
+    let addr = free_addr();
+    let dir = TempDir::new("probe");
+    let toml = format!(
+        "listen = \"{addr}\"\n[health]\ninterval_ms = 50\n[[upstreams]]\nurl = \"{}\"\n",
+        engines[0].url()
+    );
+    let _r = start_router(&dir, &toml, &[], addr).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(engines[0].state.probes.load(Relaxed) >= 2);
+    let h = send("GET", &format!("http://{addr}/health"), "", &[]).await;
+    assert_eq!(h.status, 200);
+    assert_eq!(h.json()["status"], "ok");
+}
