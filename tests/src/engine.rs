@@ -10,7 +10,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicU16, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -65,7 +65,9 @@ impl FakeEngine {
         let st = state.clone();
         let task = tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else { return };
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
                 let st = st.clone();
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| {
@@ -89,7 +91,10 @@ impl Drop for FakeEngine {
 }
 
 fn header_u64(req: &Request<Incoming>, k: &str) -> Option<u64> {
-    req.headers().get(k).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok())
+    req.headers()
+        .get(k)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
 }
 
 fn json(status: StatusCode, v: serde_json::Value, name: &str) -> Response<Body> {
@@ -118,18 +123,36 @@ async fn serve(st: Arc<EngineState>, req: Request<Incoming>) -> Response<Body> {
     let gap = header_u64(&req, "x-fake-gap-ms").unwrap_or(0);
     let chunks = header_u64(&req, "x-fake-chunks").unwrap_or(3);
     let break_after = header_u64(&req, "x-fake-break-after");
-    let auth = req.headers().get("authorization").and_then(|v| v.to_str().ok()).map(str::to_owned);
-    let raw = req.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+    let auth = req
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let raw = req
+        .into_body()
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
     let body: serde_json::Value = match serde_json::from_slice(&raw) {
         Ok(v) => v,
         Err(_) => {
-            return json(StatusCode::BAD_REQUEST, serde_json::json!({"error":{"message":"bad json"}}), &st.name);
+            return json(
+                StatusCode::BAD_REQUEST,
+                serde_json::json!({"error":{"message":"bad json"}}),
+                &st.name,
+            );
         }
     };
     // The raw bytes' last key matters for routed_dp_rank tests; keep them visible.
     let mut recorded = body.clone();
     if let serde_json::Value::Object(o) = &mut recorded {
-        o.insert("_raw_tail".into(), serde_json::Value::String(String::from_utf8_lossy(&raw[raw.len().saturating_sub(40)..]).into_owned()));
+        o.insert(
+            "_raw_tail".into(),
+            serde_json::Value::String(
+                String::from_utf8_lossy(&raw[raw.len().saturating_sub(40)..]).into_owned(),
+            ),
+        );
         o.insert("_path".into(), serde_json::Value::String(path.clone()));
         if let Some(a) = auth {
             o.insert("_auth".into(), serde_json::Value::String(a));
@@ -150,7 +173,10 @@ async fn serve(st: Arc<EngineState>, req: Request<Incoming>) -> Response<Body> {
         tokio::time::sleep(Duration::from_millis(delay)).await;
     }
     let prompt_tokens = (raw.len() / 4) as u64;
-    let stream = body.get("stream").and_then(|v| v.as_bool()).unwrap_or(false);
+    let stream = body
+        .get("stream")
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false);
     let dp = body.get("routed_dp_rank").and_then(|v| v.as_u64());
     let content = format!("reply from {} dp {:?}", st.name, dp);
     if !stream {
@@ -177,7 +203,11 @@ async fn serve(st: Arc<EngineState>, req: Request<Incoming>) -> Response<Body> {
                 return;
             }
             let c = serde_json::json!({"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content": format!("{content} {i} ")}}]});
-            if tx.send(Ok(Frame::data(Bytes::from(format!("data: {c}\n\n"))))).await.is_err() {
+            if tx
+                .send(Ok(Frame::data(Bytes::from(format!("data: {c}\n\n")))))
+                .await
+                .is_err()
+            {
                 st2.cancelled.fetch_add(1, Relaxed);
                 return;
             }
@@ -186,7 +216,11 @@ async fn serve(st: Arc<EngineState>, req: Request<Incoming>) -> Response<Body> {
             }
         }
         let u = serde_json::json!({"id":"c","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens": prompt_tokens, "completion_tokens": chunks, "prompt_tokens_details":{"cached_tokens": prompt_tokens / 2}}});
-        let _ = tx.send(Ok(Frame::data(Bytes::from(format!("data: {u}\n\ndata: [DONE]\n\n"))))).await;
+        let _ = tx
+            .send(Ok(Frame::data(Bytes::from(format!(
+                "data: {u}\n\ndata: [DONE]\n\n"
+            )))))
+            .await;
         st2.completed.fetch_add(1, Relaxed);
     });
     let mut resp = Response::builder()
@@ -197,7 +231,8 @@ async fn serve(st: Arc<EngineState>, req: Request<Incoming>) -> Response<Body> {
         // A declared length that the stream never reaches: the router sees an error.
         resp = resp.header("content-length", "100000");
     }
-    resp.body(StreamBody::new(tokio_stream_from(rx)).boxed()).expect("response")
+    resp.body(StreamBody::new(tokio_stream_from(rx)).boxed())
+        .expect("response")
 }
 
 fn tokio_stream_from(

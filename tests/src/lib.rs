@@ -16,7 +16,10 @@ use std::time::{Duration, Instant};
 
 /// The workspace root.
 pub fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
 }
 
 /// Builds the workspace binaries once per test process and returns the path of `name`.
@@ -26,13 +29,18 @@ pub fn bin(name: &str) -> PathBuf {
     let dir = BUILT.get_or_init(|| {
         let exe = std::env::current_exe().expect("current exe");
         // target/<profile>/deps/<test> -> target/<profile>
-        let profile_dir = exe.parent().and_then(Path::parent).expect("profile dir").to_path_buf();
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("profile dir")
+            .to_path_buf();
         let release = profile_dir.file_name().is_some_and(|n| n == "release");
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut cmd = Command::new(cargo);
         // --all-targets resolves features as `cargo test` does, so the two do not
         // invalidate each other's artifacts.
-        cmd.current_dir(workspace()).args(["build", "--quiet", "--workspace", "--all-targets"]);
+        cmd.current_dir(workspace())
+            .args(["build", "--quiet", "--workspace", "--all-targets"]);
         if release {
             cmd.arg("--release");
         }
@@ -98,7 +106,12 @@ impl Drop for TempDir {
 
 /// Starts `router` with a TOML config and extra environment, and waits until it answers
 /// `/health` at `addr` (any status).
-pub async fn start_router(dir: &TempDir, toml: &str, env: &[(&str, &str)], addr: SocketAddr) -> Proc {
+pub async fn start_router(
+    dir: &TempDir,
+    toml: &str,
+    env: &[(&str, &str)],
+    addr: SocketAddr,
+) -> Proc {
     let cfg = dir.path("router.toml");
     std::fs::write(&cfg, toml).expect("write config");
     let p = spawn_router(dir, &["--config", cfg.to_str().expect("utf8")], env);
@@ -108,7 +121,13 @@ pub async fn start_router(dir: &TempDir, toml: &str, env: &[(&str, &str)], addr:
 
 /// Spawns `router` with arguments and environment, without waiting.
 pub fn spawn_router(dir: &TempDir, args: &[&str], env: &[(&str, &str)]) -> Proc {
-    let log = dir.path(&format!("router-{}.log", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)));
+    let log = dir.path(&format!(
+        "router-{}.log",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    ));
     let f = std::fs::File::create(&log).expect("log file");
     let mut cmd = Command::new(bin("router"));
     cmd.args(args).stdout(Stdio::null()).stderr(f);
@@ -150,16 +169,25 @@ pub struct Reply {
 impl Reply {
     /// Body as JSON.
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
     }
     /// A header as a string.
     pub fn header(&self, k: &str) -> Option<String> {
-        self.headers.get(k).and_then(|v| v.to_str().ok()).map(str::to_owned)
+        self.headers
+            .get(k)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
     }
 }
 
 /// Sends a request and reads the whole response.
-pub async fn send(method: &str, url: &str, body: impl Into<Bytes>, headers: &[(&str, &str)]) -> Reply {
+pub async fn send(
+    method: &str,
+    url: &str,
+    body: impl Into<Bytes>,
+    headers: &[(&str, &str)],
+) -> Reply {
     let mut b = http::Request::builder().method(method).uri(url);
     for (k, v) in headers {
         b = b.header(*k, *v);
@@ -172,7 +200,11 @@ pub async fn send(method: &str, url: &str, body: impl Into<Bytes>, headers: &[(&
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
     let body = resp.into_body().collect().await.expect("body").to_bytes();
-    Reply { status, headers, body }
+    Reply {
+        status,
+        headers,
+        body,
+    }
 }
 
 /// POSTs JSON.
@@ -184,7 +216,10 @@ pub async fn post(url: &str, body: &serde_json::Value, headers: &[(&str, &str)])
 
 /// Deterministic filler text of `n` bytes (distinct per `seed`).
 pub fn text(seed: u64, n: usize) -> String {
-    let words = ["alpha", "beta", "gamma", "delta", "omega", "fn", "let", "match", "impl", "struct", "cargo", "tokio"];
+    let words = [
+        "alpha", "beta", "gamma", "delta", "omega", "fn", "let", "match", "impl", "struct",
+        "cargo", "tokio",
+    ];
     let mut s = String::with_capacity(n + 16);
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(1);
     while s.len() < n {
@@ -227,7 +262,8 @@ impl Conversation {
     /// Appends the assistant's reply and a tool result of `tool_bytes`.
     pub fn advance(&mut self, reply: &str, tool_bytes: usize) {
         self.turn += 1;
-        self.messages.push(serde_json::json!({"role": "assistant", "content": reply}));
+        self.messages
+            .push(serde_json::json!({"role": "assistant", "content": reply}));
         self.messages.push(serde_json::json!({"role": "user", "content": text(self.seed * 7919 + self.turn, tool_bytes)}));
     }
 }

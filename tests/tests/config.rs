@@ -33,7 +33,10 @@ async fn ramjet_environment_starts_the_router() {
     }
     // Round robin over 2 servers x 2 dp ranks.
     assert_eq!(ranks.len(), 4, "{ranks:?}");
-    assert_eq!(engines[0].state.bodies.lock().unwrap()[0]["_auth"], "Bearer tok");
+    assert_eq!(
+        engines[0].state.bodies.lock().unwrap()[0]["_auth"],
+        "Bearer tok"
+    );
 }
 
 fn run_and_wait(dir: &TempDir, args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
@@ -43,7 +46,10 @@ fn run_and_wait(dir: &TempDir, args: &[&str], env: &[(&str, &str)]) -> (i32, Str
         if let Some(s) = p.child.try_wait().unwrap() {
             return (s.code().unwrap_or(-1), p.log());
         }
-        assert!(std::time::Instant::now() < deadline, "router did not exit on bad config");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "router did not exit on bad config"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -71,7 +77,13 @@ fn bad_configuration_is_reported_before_start() {
     assert!(log.contains("max_body_bytes"), "{log}");
     // --print-config shows the merged result, env and flags included.
     let out = std::process::Command::new(bin("router"))
-        .args(["--print-config", "--upstream", "http://a:1,http://b:2", "--policy", "load"])
+        .args([
+            "--print-config",
+            "--upstream",
+            "http://a:1,http://b:2",
+            "--policy",
+            "load",
+        ])
         .env("ROUTER_LIMITS__MAX_BODY_BYTES", "1234")
         .output()
         .unwrap();
@@ -88,13 +100,29 @@ fn router_core_is_pure() {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = std::process::Command::new(cargo)
         .current_dir(workspace())
-        .args(["tree", "-p", "router-core", "-e", "normal", "--prefix", "none", "--offline"])
+        .args([
+            "tree",
+            "-p",
+            "router-core",
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+            "--offline",
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let tree = String::from_utf8_lossy(&out.stdout);
     assert!(tree.contains("xxhash-rust"), "{tree}");
     for banned in ["tokio ", "hyper ", "tonic ", "sled ", "openraft ", "mio "] {
-        assert!(!tree.lines().any(|l| l.starts_with(banned)), "router-core depends on {banned}:\n{tree}");
+        assert!(
+            !tree.lines().any(|l| l.starts_with(banned)),
+            "router-core depends on {banned}:\n{tree}"
+        );
     }
 }

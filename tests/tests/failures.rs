@@ -25,10 +25,21 @@ async fn dead_upstream_is_retried_before_first_byte() {
     }
     let m = send("GET", &format!("http://{addr}/metrics"), "", &[]).await;
     let t = String::from_utf8_lossy(&m.body);
-    assert!(t.contains("router_upstream_attempt_failures_total{kind=\"connect\"}"), "{t}");
-    assert!(!t.contains("router_upstream_attempt_failures_total{kind=\"connect\"} 0"), "{t}");
+    assert!(
+        t.contains("router_upstream_attempt_failures_total{kind=\"connect\"}"),
+        "{t}"
+    );
+    assert!(
+        !t.contains("router_upstream_attempt_failures_total{kind=\"connect\"} 0"),
+        "{t}"
+    );
     // Passive failures mark it down after 3 strikes.
-    assert!(t.contains(&format!("router_upstream_up{{upstream=\"http://{dead}\"}} 0")), "{t}");
+    assert!(
+        t.contains(&format!(
+            "router_upstream_up{{upstream=\"http://{dead}\"}} 0"
+        )),
+        "{t}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -75,7 +86,12 @@ async fn no_healthy_upstream_gives_503() {
     let h = send("GET", &format!("http://{addr}/health"), "", &[]).await;
     assert_eq!(h.status, 503);
     assert_eq!(h.json()["status"], "unavailable");
-    let r = post(&format!("http://{addr}/v1/chat/completions"), &Conversation::new(1, 10).body("m", false), &[]).await;
+    let r = post(
+        &format!("http://{addr}/v1/chat/completions"),
+        &Conversation::new(1, 10).body("m", false),
+        &[],
+    )
+    .await;
     assert_eq!(r.status, 503);
     assert_eq!(r.json()["error"]["code"], "no_healthy_upstream");
 }

@@ -48,7 +48,10 @@ async fn conversations_stick_for_20_turns_and_spread() {
 
 fn metric(text: &str, name: &str) -> u64 {
     text.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse::<f64>().ok()))
+        .find_map(|l| {
+            l.strip_prefix(name)
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        })
         .map_or(0, |v| v as u64)
 }
 
@@ -61,7 +64,10 @@ async fn cache_model_moves_conversation_only_after_eviction() {
     let addr = free_addr();
     let dir = TempDir::new("evict");
     // 2 KiB chunks = 512 tokens; 4096 tokens = 8 chunks per rank.
-    let toml = format!("listen = \"{addr}\"\n{}", upstreams_toml(&urls, "capacity_tokens = 4096"));
+    let toml = format!(
+        "listen = \"{addr}\"\n{}",
+        upstreams_toml(&urls, "capacity_tokens = 4096")
+    );
     let _r = start_router(&dir, &toml, &[], addr).await;
     let url = format!("http://{addr}/v1/chat/completions");
     let mut a = Conversation::new(1, 5000);
@@ -82,7 +88,11 @@ async fn cache_model_moves_conversation_only_after_eviction() {
     }
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let r = post(&url, &a.body("m", false), &[]).await;
-    assert_eq!(r.header("x-router-rank").unwrap(), home, "moved while still cached");
+    assert_eq!(
+        r.header("x-router-rank").unwrap(),
+        home,
+        "moved while still cached"
+    );
     assert_eq!(r.header("x-router-reason").unwrap(), "prefix_hit");
     a.advance("y", 200);
     for h in held {
@@ -91,13 +101,27 @@ async fn cache_model_moves_conversation_only_after_eviction() {
 
     // Fill both ranks' modelled caches with other conversations: `a` is evicted.
     for s in 0..12 {
-        let r = post(&url, &Conversation::new(500 + s, 6000).body("m", false), &[]).await;
+        let r = post(
+            &url,
+            &Conversation::new(500 + s, 6000).body("m", false),
+            &[],
+        )
+        .await;
         assert_eq!(r.status, 200);
     }
     let r = post(&url, &a.body("m", false), &[]).await;
-    assert_eq!(r.header("x-router-reason").unwrap(), "cold", "evicted prefix still credited");
+    assert_eq!(
+        r.header("x-router-reason").unwrap(),
+        "cold",
+        "evicted prefix still credited"
+    );
     let m = send("GET", &format!("http://{addr}/metrics"), "", &[]).await;
-    assert!(metric(&String::from_utf8_lossy(&m.body), "router_index_capacity_evictions_total") > 0);
+    assert!(
+        metric(
+            &String::from_utf8_lossy(&m.body),
+            "router_index_capacity_evictions_total"
+        ) > 0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -105,7 +129,10 @@ async fn routed_dp_rank_is_set_last_and_sticky() {
     let engines = fleet(1).await;
     let addr = free_addr();
     let dir = TempDir::new("dp");
-    let toml = format!("listen = \"{addr}\"\n[[upstreams]]\nurl = \"{}\"\nranks = 4\n", engines[0].url());
+    let toml = format!(
+        "listen = \"{addr}\"\n[[upstreams]]\nurl = \"{}\"\nranks = 4\n",
+        engines[0].url()
+    );
     let _r = start_router(&dir, &toml, &[], addr).await;
     let url = format!("http://{addr}/v1/chat/completions");
     let mut seen: HashMap<u64, HashSet<u64>> = HashMap::new();
@@ -123,7 +150,10 @@ async fn routed_dp_rank_is_set_last_and_sticky() {
         for b in &bodies[bodies.len() - 4..] {
             let dp = b["routed_dp_rank"].as_u64().expect("routed_dp_rank set");
             assert!(dp < 4);
-            assert!(b["_raw_tail"].as_str().unwrap().contains(&format!("\"routed_dp_rank\":{dp}}}")));
+            assert!(b["_raw_tail"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("\"routed_dp_rank\":{dp}}}")));
             seen.entry(c).or_default().insert(dp);
         }
     }

@@ -8,20 +8,36 @@ use router_tests::*;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-async fn open_stream(url: &str, body: &serde_json::Value, headers: &[(&str, &str)]) -> http::Response<hyper::body::Incoming> {
+async fn open_stream(
+    url: &str,
+    body: &serde_json::Value,
+    headers: &[(&str, &str)],
+) -> http::Response<hyper::body::Incoming> {
     let mut b = http::Request::post(url).header("content-type", "application/json");
     for (k, v) in headers {
         b = b.header(*k, *v);
     }
-    let req = b.body(Full::new(Bytes::from(serde_json::to_vec(body).unwrap()))).unwrap();
+    let req = b
+        .body(Full::new(Bytes::from(serde_json::to_vec(body).unwrap())))
+        .unwrap();
     client().request(req).await.expect("request")
 }
 
-async fn setup(extra: &str) -> (Vec<router_tests::engine::FakeEngine>, std::net::SocketAddr, Proc, TempDir) {
+async fn setup(
+    extra: &str,
+) -> (
+    Vec<router_tests::engine::FakeEngine>,
+    std::net::SocketAddr,
+    Proc,
+    TempDir,
+) {
     let engines = fleet(1).await;
     let addr = free_addr();
     let dir = TempDir::new("stream");
-    let toml = format!("listen = \"{addr}\"\n{extra}\n[[upstreams]]\nurl = \"{}\"\n", engines[0].url());
+    let toml = format!(
+        "listen = \"{addr}\"\n{extra}\n[[upstreams]]\nurl = \"{}\"\n",
+        engines[0].url()
+    );
     let p = start_router(&dir, &toml, &[], addr).await;
     (engines, addr, p, dir)
 }
@@ -32,7 +48,12 @@ async fn first_chunk_arrives_before_upstream_finishes() {
     let url = format!("http://{addr}/v1/chat/completions");
     let body = Conversation::new(1, 2000).body("m", true);
     let t = Instant::now();
-    let resp = open_stream(&url, &body, &[("x-fake-gap-ms", "400"), ("x-fake-chunks", "4")]).await;
+    let resp = open_stream(
+        &url,
+        &body,
+        &[("x-fake-gap-ms", "400"), ("x-fake-chunks", "4")],
+    )
+    .await;
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()["content-type"], "text/event-stream");
     let mut body = resp.into_body();
@@ -49,8 +70,14 @@ async fn first_chunk_arrives_before_upstream_finishes() {
         }
     }
     let total = t.elapsed();
-    assert!(ttfb < Duration::from_millis(350), "first chunk after {ttfb:?}");
-    assert!(total >= Duration::from_millis(1200), "whole stream in {total:?}");
+    assert!(
+        ttfb < Duration::from_millis(350),
+        "first chunk after {ttfb:?}"
+    );
+    assert!(
+        total >= Duration::from_millis(1200),
+        "whole stream in {total:?}"
+    );
     assert!(frames >= 4, "{frames} frames: the stream was buffered");
     assert!(String::from_utf8_lossy(&all).contains("[DONE]"));
 }
@@ -59,7 +86,12 @@ async fn first_chunk_arrives_before_upstream_finishes() {
 async fn client_disconnect_cancels_upstream() {
     let (engines, addr, _p, _d) = setup("").await;
     let url = format!("http://{addr}/v1/chat/completions");
-    let resp = open_stream(&url, &Conversation::new(2, 100).body("m", true), &[("x-fake-gap-ms", "100"), ("x-fake-chunks", "100")]).await;
+    let resp = open_stream(
+        &url,
+        &Conversation::new(2, 100).body("m", true),
+        &[("x-fake-gap-ms", "100"), ("x-fake-chunks", "100")],
+    )
+    .await;
     let mut body = resp.into_body();
     body.frame().await.unwrap().unwrap();
     drop(body);
@@ -67,11 +99,21 @@ async fn client_disconnect_cancels_upstream() {
     while engines[0].state.cancelled.load(Relaxed) == 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(engines[0].state.cancelled.load(Relaxed), 1, "upstream kept generating");
+    assert_eq!(
+        engines[0].state.cancelled.load(Relaxed),
+        1,
+        "upstream kept generating"
+    );
     assert_eq!(engines[0].state.completed.load(Relaxed), 0);
     let m = send("GET", &format!("http://{addr}/metrics"), "", &[]).await;
     let t = String::from_utf8_lossy(&m.body);
-    assert!(t.contains(&format!("router_upstream_inflight{{upstream=\"{}\"}} 0", engines[0].url())), "{t}");
+    assert!(
+        t.contains(&format!(
+            "router_upstream_inflight{{upstream=\"{}\"}} 0",
+            engines[0].url()
+        )),
+        "{t}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -79,7 +121,12 @@ async fn failure_after_first_byte_is_reported() {
     let (_e, addr, _p, _d) = setup("[timeouts]\nidle_stream_ms = 500").await;
     let url = format!("http://{addr}/v1/chat/completions");
     // The engine drops the connection after two chunks.
-    let r = post(&url, &Conversation::new(3, 100).body("m", true), &[("x-fake-break-after", "2"), ("x-fake-chunks", "5")]).await;
+    let r = post(
+        &url,
+        &Conversation::new(3, 100).body("m", true),
+        &[("x-fake-break-after", "2"), ("x-fake-chunks", "5")],
+    )
+    .await;
     assert_eq!(r.status, 200);
     let text = String::from_utf8_lossy(&r.body).to_string();
     assert!(text.contains(" 1 "), "{text}");
@@ -87,12 +134,20 @@ async fn failure_after_first_byte_is_reported() {
     assert!(text.contains("upstream_stream_error"), "{text}");
     assert!(!text.contains("[DONE]"));
     // The engine goes silent longer than the idle timeout.
-    let r = post(&url, &Conversation::new(4, 100).body("m", true), &[("x-fake-gap-ms", "2000"), ("x-fake-chunks", "3")]).await;
+    let r = post(
+        &url,
+        &Conversation::new(4, 100).body("m", true),
+        &[("x-fake-gap-ms", "2000"), ("x-fake-chunks", "3")],
+    )
+    .await;
     let text = String::from_utf8_lossy(&r.body).to_string();
     assert!(text.contains("upstream_idle_timeout"), "{text}");
     let m = send("GET", &format!("http://{addr}/metrics"), "", &[]).await;
     let t = String::from_utf8_lossy(&m.body);
-    assert!(t.contains("router_stream_errors_total{code=\"upstream_idle_timeout\"} 1"), "{t}");
+    assert!(
+        t.contains("router_stream_errors_total{code=\"upstream_idle_timeout\"} 1"),
+        "{t}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -100,14 +155,31 @@ async fn models_union_and_passthrough() {
     let engines = fleet(2).await;
     let addr = free_addr();
     let dir = TempDir::new("models");
-    let toml = format!("listen = \"{addr}\"\n[[upstreams]]\nurl = \"{}\"\n[[upstreams]]\nurl = \"{}\"\n", engines[0].url(), engines[1].url());
+    let toml = format!(
+        "listen = \"{addr}\"\n[[upstreams]]\nurl = \"{}\"\n[[upstreams]]\nurl = \"{}\"\n",
+        engines[0].url(),
+        engines[1].url()
+    );
     let _p = start_router(&dir, &toml, &[], addr).await;
     let r = send("GET", &format!("http://{addr}/v1/models"), "", &[]).await;
     assert_eq!(r.status, 200);
-    let ids: Vec<String> = r.json()["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap().to_owned()).collect();
+    let ids: Vec<String> = r.json()["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_owned())
+        .collect();
     assert_eq!(ids, vec!["model-e0", "model-e1", "shared"]);
-    let r = post(&format!("http://{addr}/v1/embeddings"), &serde_json::json!({"input":"x"}), &[]).await;
+    let r = post(
+        &format!("http://{addr}/v1/embeddings"),
+        &serde_json::json!({"input":"x"}),
+        &[],
+    )
+    .await;
     assert_eq!(r.status, 200);
-    let b = engines.iter().flat_map(|e| e.state.bodies.lock().unwrap().clone()).find(|b| b["_path"] == "/v1/embeddings");
+    let b = engines
+        .iter()
+        .flat_map(|e| e.state.bodies.lock().unwrap().clone())
+        .find(|b| b["_path"] == "/v1/embeddings");
     assert!(b.is_some());
 }

@@ -217,13 +217,15 @@ fn chat(obj: &Map<String, Value>, w: &mut Writer) -> Result<(), CanonError> {
             None => return Err(CanonError::Missing("messages[].role")),
         }
     }
-    let role = |m: &Value| m.get("role").and_then(Value::as_str).unwrap_or_default().to_owned();
+    let role = |m: &Value| {
+        m.get("role")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
     // Leading system/developer turns are rendered first by every template; a system turn in
     // the middle stays where it is.
-    let lead = msgs
-        .iter()
-        .take_while(|m| is_system_role(&role(m)))
-        .count();
+    let lead = msgs.iter().take_while(|m| is_system_role(&role(m))).count();
     for (i, m) in msgs[..lead].iter().enumerate() {
         chat_message(i, m, w)?;
     }
@@ -261,10 +263,7 @@ fn chat_message(i: usize, m: &Value, w: &mut Writer) -> Result<(), CanonError> {
         Some(Value::Array(calls)) => {
             for (j, c) in calls.iter().enumerate() {
                 if !c.is_object() {
-                    return Err(wrong(
-                        format!("messages[{i}].tool_calls[{j}]"),
-                        "an object",
-                    ));
+                    return Err(wrong(format!("messages[{i}].tool_calls[{j}]"), "an object"));
                 }
                 w.json(tag::TOOL_CALL, c);
             }
@@ -597,7 +596,8 @@ mod tests {
 
     #[test]
     fn reasoning_and_tool_ids_count() {
-        let a = json!({"messages":[{"role":"assistant","content":"x","reasoning_content":"think"}]});
+        let a =
+            json!({"messages":[{"role":"assistant","content":"x","reasoning_content":"think"}]});
         let b = json!({"messages":[{"role":"assistant","content":"x"}]});
         assert_ne!(
             canonicalize(Endpoint::Chat, &a).unwrap().bytes,
@@ -648,11 +648,17 @@ mod tests {
             (Endpoint::Chat, json!({"messages":"x"})),
             (Endpoint::Chat, json!({"messages":[1]})),
             (Endpoint::Chat, json!({"messages":[{"role":1}]})),
-            (Endpoint::Chat, json!({"messages":[{"role":"user","content":5}]})),
+            (
+                Endpoint::Chat,
+                json!({"messages":[{"role":"user","content":5}]}),
+            ),
             (Endpoint::Chat, json!({"model":5,"messages":[]})),
             (Endpoint::Chat, json!({"stream":"yes","messages":[]})),
             (Endpoint::Chat, json!({})),
-            (Endpoint::Messages, json!({"messages":[{"role":"user","content":[{"type":"text","text":3}]}]})),
+            (
+                Endpoint::Messages,
+                json!({"messages":[{"role":"user","content":[{"type":"text","text":3}]}]}),
+            ),
             (Endpoint::Responses, json!({"input":7})),
         ] {
             assert!(canonicalize(ep, &body).is_err(), "{body}");
@@ -663,7 +669,10 @@ mod tests {
     fn session_id_from_body() {
         let b = json!({"messages":[],"session_params":{"session_id":"abc"}});
         assert_eq!(
-            canonicalize(Endpoint::Chat, &b).unwrap().session_id.as_deref(),
+            canonicalize(Endpoint::Chat, &b)
+                .unwrap()
+                .session_id
+                .as_deref(),
             Some("abc")
         );
     }

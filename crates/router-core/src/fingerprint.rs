@@ -164,5 +164,9 @@ mod tests {
 
     const GOLDEN_LEN: usize = 166;
     const GOLDEN_SEED: u64 = 0xc563_192c_31eb_71af;
-    const GOLDEN_HASHES: [u64; 3] = [0x0c18_2edc_8b48_919b, 0x6d1c_ef8f_dd80_8af2, 0x0d70_63db_8470_55a6];
+    const GOLDEN_HASHES: [u64; 3] = [
+        0x0c18_2edc_8b48_919b,
+        0x6d1c_ef8f_dd80_8af2,
+        0x0d70_63db_8470_55a6,
+    ];
 }

@@ -257,7 +257,13 @@ impl CacheModel {
 
     /// Records that the prompt with `hashes` (and per-chunk token counts) was served by
     /// `rank`, and optionally binds `session` to it. Unknown ranks are ignored.
-    pub fn record(&mut self, rank: RankId, hashes: &[u64], chunk_tokens: &[u32], session: Option<u64>) {
+    pub fn record(
+        &mut self,
+        rank: RankId,
+        hashes: &[u64],
+        chunk_tokens: &[u32],
+        session: Option<u64>,
+    ) {
         if !self.has_rank(rank) {
             return;
         }
@@ -371,7 +377,9 @@ impl CacheModel {
     }
 
     fn unlink(&mut self, idx: u32) {
-        let Node { prev, next, rank, .. } = self.nodes[idx as usize];
+        let Node {
+            prev, next, rank, ..
+        } = self.nodes[idx as usize];
         if prev != NIL {
             self.nodes[prev as usize].next = next;
         } else {
@@ -465,7 +473,9 @@ mod tests {
     use super::*;
 
     fn fps(range: std::ops::Range<u64>) -> Vec<u64> {
-        range.map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1).collect()
+        range
+            .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+            .collect()
     }
 
     #[test]

@@ -346,7 +346,13 @@ mod tests {
         m
     }
 
-    fn pick(policy: Policy, f: &Fingerprints, m: &CacheModel, c: &[Candidate], tie: u64) -> Decision {
+    fn pick(
+        policy: Policy,
+        f: &Fingerprints,
+        m: &CacheModel,
+        c: &[Candidate],
+        tie: u64,
+    ) -> Decision {
         select(
             policy,
             &ScoreParams::default(),
@@ -406,7 +412,9 @@ mod tests {
         let f = fp(3, 512);
         let m = model(4);
         let c = cands(4);
-        let firsts: Vec<usize> = (0..8).map(|t| pick(Policy::Prefix, &f, &m, &c, t).order[0]).collect();
+        let firsts: Vec<usize> = (0..8)
+            .map(|t| pick(Policy::Prefix, &f, &m, &c, t).order[0])
+            .collect();
         assert_eq!(firsts, vec![0, 3, 2, 1, 0, 3, 2, 1]);
         assert_eq!(pick(Policy::Prefix, &f, &m, &c, 0).reason, Reason::Cold);
     }
@@ -423,20 +431,48 @@ mod tests {
             session: Some(42),
             tie: 0,
         };
-        let d = select(Policy::Prefix, &ScoreParams::default(), &input, &m.view(), &c);
+        let d = select(
+            Policy::Prefix,
+            &ScoreParams::default(),
+            &input,
+            &m.view(),
+            &c,
+        );
         // Rank 2 is credited with rank 0's prefix; tie at equal cost is rotation-broken,
         // so give rank 0 a little load to make the hint decide.
         let mut c2 = c.clone();
         c2[0].decodes = 1;
-        let d2 = select(Policy::Prefix, &ScoreParams::default(), &input, &m.view(), &c2);
+        let d2 = select(
+            Policy::Prefix,
+            &ScoreParams::default(),
+            &input,
+            &m.view(),
+            &c2,
+        );
         assert_eq!(d2.order[0], 2);
         assert_eq!(d2.reason, Reason::Session);
         assert!(d.order[0] == 0 || d.order[0] == 2);
         // Rendezvous: stable per session, and removing another rank keeps the choice.
-        let s1 = select(Policy::Session, &ScoreParams::default(), &input, &m.view(), &c);
+        let s1 = select(
+            Policy::Session,
+            &ScoreParams::default(),
+            &input,
+            &m.view(),
+            &c,
+        );
         let winner = c[s1.order[0]].rank;
-        let without: Vec<Candidate> = c.iter().copied().filter(|x| x.rank == winner || x.rank != (winner + 1) % 3).collect();
-        let s2 = select(Policy::Session, &ScoreParams::default(), &input, &m.view(), &without);
+        let without: Vec<Candidate> = c
+            .iter()
+            .copied()
+            .filter(|x| x.rank == winner || x.rank != (winner + 1) % 3)
+            .collect();
+        let s2 = select(
+            Policy::Session,
+            &ScoreParams::default(),
+            &input,
+            &m.view(),
+            &without,
+        );
         assert_eq!(without[s2.order[0]].rank, winner);
     }
 
@@ -449,7 +485,9 @@ mod tests {
         c[1].decodes = 1;
         let d = pick(Policy::Load, &f, &m, &c, 0);
         assert_eq!(d.order.as_slice(), &[2, 0, 1]);
-        let rr: Vec<usize> = (0..3).map(|t| pick(Policy::RoundRobin, &f, &m, &c, t).order[0]).collect();
+        let rr: Vec<usize> = (0..3)
+            .map(|t| pick(Policy::RoundRobin, &f, &m, &c, t).order[0])
+            .collect();
         assert_eq!(rr, vec![0, 1, 2]);
         assert!(pick(Policy::Prefix, &f, &m, &[], 0).order.is_empty());
     }

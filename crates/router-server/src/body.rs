@@ -137,8 +137,14 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 }
 
 fn trim(b: &[u8]) -> &[u8] {
-    let s = b.iter().position(|c| !c.is_ascii_whitespace()).unwrap_or(b.len());
-    let e = b.iter().rposition(|c| !c.is_ascii_whitespace()).map_or(s, |e| e + 1);
+    let s = b
+        .iter()
+        .position(|c| !c.is_ascii_whitespace())
+        .unwrap_or(b.len());
+    let e = b
+        .iter()
+        .rposition(|c| !c.is_ascii_whitespace())
+        .map_or(s, |e| e + 1);
     &b[s..e]
 }
 
@@ -205,7 +211,11 @@ impl RelayBody {
 
     /// After the first byte an error cannot be retried: tell the client. SSE clients get an
     /// `error` event; other bodies are aborted, which the client sees as a broken response.
-    fn fail(&mut self, code: &'static str, message: String) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn fail(
+        &mut self,
+        code: &'static str,
+        message: String,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         self.metrics.stream_error(code);
         tracing::warn!(upstream = %self.upstream, code, %message, "upstream stream failed after first byte");
         self.end(false);
@@ -223,7 +233,10 @@ impl Body for RelayBody {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
         if let State::Done = this.state {
             return Poll::Ready(None);
@@ -244,7 +257,10 @@ impl Body for RelayBody {
                 this.sleep.as_mut().reset(deadline);
                 Poll::Ready(Some(Ok(frame)))
             }
-            Poll::Ready(Some(Err(e))) => this.fail("upstream_stream_error", format!("upstream stream broke: {e}")),
+            Poll::Ready(Some(Err(e))) => this.fail(
+                "upstream_stream_error",
+                format!("upstream stream broke: {e}"),
+            ),
             Poll::Ready(None) => {
                 this.end(true);
                 Poll::Ready(None)
@@ -252,7 +268,10 @@ impl Body for RelayBody {
             Poll::Pending => match this.sleep.as_mut().poll(cx) {
                 Poll::Ready(()) => {
                     let idle = this.idle;
-                    this.fail("upstream_idle_timeout", format!("upstream sent nothing for {} ms", idle.as_millis()))
+                    this.fail(
+                        "upstream_idle_timeout",
+                        format!("upstream sent nothing for {} ms", idle.as_millis()),
+                    )
                 }
                 Poll::Pending => Poll::Pending,
             },

@@ -267,13 +267,16 @@ pub struct Overrides {
 fn ramjet_layer(env: &dyn Fn(&str) -> Option<String>) -> Result<Figment, ConfigError> {
     let mut f = Figment::new();
     if let Some(list) = env("RJ_UPSTREAM") {
-        let mut ups: Vec<UpstreamConfig> = split_list(&list)
-            .map(UpstreamConfig::from_url)
-            .collect();
+        let mut ups: Vec<UpstreamConfig> =
+            split_list(&list).map(UpstreamConfig::from_url).collect();
         if let Some(ranks) = env("RJ_UPSTREAM_DP_RANKS") {
             let ranks: Vec<&str> = split_list(&ranks).collect();
             for (i, u) in ups.iter_mut().enumerate() {
-                let r = if ranks.len() == 1 { ranks[0] } else { ranks.get(i).copied().unwrap_or("1") };
+                let r = if ranks.len() == 1 {
+                    ranks[0]
+                } else {
+                    ranks.get(i).copied().unwrap_or("1")
+                };
                 u.ranks = r.parse().map_err(|_| {
                     ConfigError::Invalid(format!("RJ_UPSTREAM_DP_RANKS: '{r}' is not a number"))
                 })?;
@@ -285,7 +288,10 @@ fn ramjet_layer(env: &dyn Fn(&str) -> Option<String>) -> Result<Figment, ConfigE
         f = f.merge(Serialized::default("listen", go_addr(&a, "RJ_API_ADDR")?));
     }
     if let Some(a) = env("RJ_METRICS_ADDR") {
-        f = f.merge(Serialized::default("metrics_listen", go_addr(&a, "RJ_METRICS_ADDR")?));
+        f = f.merge(Serialized::default(
+            "metrics_listen",
+            go_addr(&a, "RJ_METRICS_ADDR")?,
+        ));
     }
     if let Some(a) = env("RJ_AFFINITY") {
         let p = Policy::parse(&a)
@@ -305,7 +311,11 @@ fn split_list(s: &str) -> impl Iterator<Item = &str> {
 /// Go-style listen addresses: `:8080` means all interfaces.
 fn go_addr(a: &str, var: &str) -> Result<SocketAddr, ConfigError> {
     let a = a.trim();
-    let full = if a.starts_with(':') { format!("0.0.0.0{a}") } else { a.to_owned() };
+    let full = if a.starts_with(':') {
+        format!("0.0.0.0{a}")
+    } else {
+        a.to_owned()
+    };
     full.parse()
         .map_err(|_| ConfigError::Invalid(format!("{var}: '{a}' is not host:port")))
 }
@@ -330,7 +340,8 @@ impl Config {
         f = f.merge(ramjet_layer(env)?);
         // ROUTER_UPSTREAM=url,url is the short form of the upstream list.
         if let Some(list) = env("ROUTER_UPSTREAM") {
-            let ups: Vec<UpstreamConfig> = split_list(&list).map(UpstreamConfig::from_url).collect();
+            let ups: Vec<UpstreamConfig> =
+                split_list(&list).map(UpstreamConfig::from_url).collect();
             f = f.merge(Serialized::default("upstreams", ups));
         }
         // ROUTER_LIMITS__MAX_BODY_BYTES=... sets limits.max_body_bytes.
@@ -354,7 +365,10 @@ impl Config {
                 return bad(format!("upstream '{}': weight must be positive", u.url));
             }
             if u.capacity_tokens == Some(0) {
-                return bad(format!("upstream '{}': capacity_tokens must be positive", u.url));
+                return bad(format!(
+                    "upstream '{}': capacity_tokens must be positive",
+                    u.url
+                ));
             }
         }
         let mut urls: Vec<&str> = self.upstreams.iter().map(|u| u.url.as_str()).collect();
@@ -370,7 +384,10 @@ impl Config {
             return bad("cache sizes must be positive".into());
         }
         if self.limits.max_body_bytes == 0 || self.limits.max_header_bytes < 1024 {
-            return bad("limits.max_body_bytes must be positive and limits.max_header_bytes at least 1024".into());
+            return bad(
+                "limits.max_body_bytes must be positive and limits.max_header_bytes at least 1024"
+                    .into(),
+            );
         }
         if self.limits.max_connections == 0 {
             return bad("limits.max_connections must be positive".into());
@@ -435,8 +452,15 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    fn load(vars: &[(&str, &str)], file: Option<&std::path::Path>, o: Overrides) -> Result<Config, ConfigError> {
-        let m: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    fn load(
+        vars: &[(&str, &str)],
+        file: Option<&std::path::Path>,
+        o: Overrides,
+    ) -> Result<Config, ConfigError> {
+        let m: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         let get = |k: &str| m.get(k).cloned();
         // ROUTER_* comes from the process environment, which these tests leave alone.
         Config::load(file, &get, o)
@@ -495,7 +519,9 @@ mod tests {
         .unwrap();
         assert_eq!(c.policy, Policy::Session);
         std::fs::write(&p, "lisen = 1\n").unwrap();
-        let e = load(&[], Some(&p), Overrides::default()).unwrap_err().to_string();
+        let e = load(&[], Some(&p), Overrides::default())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("lisen"), "{e}");
     }
 

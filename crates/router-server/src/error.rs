@@ -18,7 +18,12 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, kind: &'static str, code: &'static str, message: impl Into<String>) -> Self {
+    fn new(
+        status: StatusCode,
+        kind: &'static str,
+        code: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
         ApiError {
             status,
             kind,
@@ -29,7 +34,12 @@ impl ApiError {
 
     /// 400: the body is not what the endpoint takes.
     pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", code, message)
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            code,
+            message,
+        )
     }
 
     /// 401: missing or wrong API key.
@@ -44,7 +54,12 @@ impl ApiError {
 
     /// 404.
     pub fn not_found(path: &str) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "invalid_request_error", "not_found", format!("no route for {path}"))
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "not_found",
+            format!("no route for {path}"),
+        )
     }
 
     /// 405.
@@ -79,7 +94,12 @@ impl ApiError {
 
     /// 408: the client was too slow sending its body.
     pub fn client_timeout() -> Self {
-        Self::new(StatusCode::REQUEST_TIMEOUT, "invalid_request_error", "request_timeout", "timed out reading the request body")
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            "request_timeout",
+            "timed out reading the request body",
+        )
     }
 
     /// 503: nothing to send the request to.
@@ -94,12 +114,22 @@ impl ApiError {
 
     /// 502: every attempt failed before the first byte.
     pub fn upstream_failed(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_GATEWAY, "upstream_error", "upstream_unavailable", detail)
+        Self::new(
+            StatusCode::BAD_GATEWAY,
+            "upstream_error",
+            "upstream_unavailable",
+            detail,
+        )
     }
 
     /// 504: the upstream did not answer in time.
     pub fn upstream_timeout(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::GATEWAY_TIMEOUT, "upstream_error", "upstream_timeout", detail)
+        Self::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "upstream_error",
+            "upstream_timeout",
+            detail,
+        )
     }
 
     /// The JSON body.
@@ -118,11 +148,15 @@ impl ApiError {
     pub fn into_response(self) -> Response<RespBody> {
         let mut r = Response::new(full(serde_json::to_vec(&self.json()).unwrap_or_default()));
         *r.status_mut() = self.status;
-        r.headers_mut()
-            .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("application/json"),
+        );
         if self.status == StatusCode::UNAUTHORIZED {
-            r.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
         }
         r
     }

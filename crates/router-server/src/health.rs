@@ -29,12 +29,20 @@ pub struct HealthReporter(mpsc::Sender<Observation>);
 impl HealthReporter {
     /// Reports a result; drops it if the health task is behind (probes still run).
     pub fn report(&self, url: &Arc<str>, ok: bool) {
-        let _ = self.0.try_send(Observation { url: url.clone(), ok });
+        let _ = self.0.try_send(Observation {
+            url: url.clone(),
+            ok,
+        });
     }
 }
 
 /// Spawns the health task.
-pub fn spawn(cfg: HealthConfig, state: Arc<dyn RoutingState>, client: UpstreamClient, token: Option<String>) -> HealthReporter {
+pub fn spawn(
+    cfg: HealthConfig,
+    state: Arc<dyn RoutingState>,
+    client: UpstreamClient,
+    token: Option<String>,
+) -> HealthReporter {
     let (tx, mut rx) = mpsc::channel::<Observation>(4096);
     tokio::spawn(async move {
         let mut machines: HashMap<Arc<str>, HealthMachine> = HashMap::new();
@@ -66,7 +74,9 @@ pub fn spawn(cfg: HealthConfig, state: Arc<dyn RoutingState>, client: UpstreamCl
                 machines.remove(&obs.url);
                 continue;
             };
-            let m = machines.entry(obs.url.clone()).or_insert_with(HealthMachine::new_up);
+            let m = machines
+                .entry(obs.url.clone())
+                .or_insert_with(HealthMachine::new_up);
             match m.observe(obs.ok, cfg.thresholds) {
                 Some(HealthTransition::Down) => {
                     tracing::warn!(upstream = %obs.url, "upstream marked down");

@@ -62,10 +62,19 @@ pub async fn run(cfg: Config, shutdown: watch::Receiver<bool>) -> anyhow::Result
     };
     let metrics = Arc::new(Metrics::default());
     let topo = Topology::from_config(&cfg.upstreams, cfg.cache.default_capacity_tokens);
-    let state: Arc<dyn RoutingState> =
-        LocalState::start(topo, cfg.cache.max_entries, cfg.cache.max_sessions, metrics.clone());
+    let state: Arc<dyn RoutingState> = LocalState::start(
+        topo,
+        cfg.cache.max_entries,
+        cfg.cache.max_sessions,
+        metrics.clone(),
+    );
     let client = upstream_client(&cfg);
-    let health = health::spawn(cfg.health.clone(), state.clone(), client.clone(), cfg.upstream_token.clone());
+    let health = health::spawn(
+        cfg.health.clone(),
+        state.clone(),
+        client.clone(),
+        cfg.upstream_token.clone(),
+    );
     let ctx = Arc::new(Ctx {
         cfg: cfg.clone(),
         state,
@@ -82,9 +91,8 @@ pub async fn run(cfg: Config, shutdown: watch::Receiver<bool>) -> anyhow::Result
         upstreams = cfg.upstreams.len(),
         "router listening"
     );
-    let metrics_task = metrics_listener.map(|l| {
-        tokio::spawn(server::serve(l, ctx.clone(), None, true, shutdown.clone()))
-    });
+    let metrics_task = metrics_listener
+        .map(|l| tokio::spawn(server::serve(l, ctx.clone(), None, true, shutdown.clone())));
     server::serve(listener, ctx, tls, false, shutdown).await;
     if let Some(t) = metrics_task {
         let _ = t.await;

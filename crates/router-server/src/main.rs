@@ -34,7 +34,9 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let policy = match cli.policy.as_deref().map(|p| (p, Policy::parse(p))) {
         Some((p, None)) => {
-            eprintln!("router: unknown policy '{p}' (expected prefix, load, round_robin or session)");
+            eprintln!(
+                "router: unknown policy '{p}' (expected prefix, load, round_robin or session)"
+            );
             return std::process::ExitCode::from(2);
         }
         Some((_, p)) => p,
@@ -44,8 +46,12 @@ fn main() -> std::process::ExitCode {
         listen: cli.listen,
         metrics_listen: cli.metrics_listen,
         policy,
-        upstreams: (!cli.upstreams.is_empty())
-            .then(|| cli.upstreams.iter().map(|u| UpstreamConfig::from_url(u)).collect()),
+        upstreams: (!cli.upstreams.is_empty()).then(|| {
+            cli.upstreams
+                .iter()
+                .map(|u| UpstreamConfig::from_url(u))
+                .collect()
+        }),
     };
     let env = |k: &str| std::env::var(k).ok();
     let cfg = match Config::load(cli.config.as_deref(), &env, overrides) {
@@ -68,7 +74,10 @@ fn main() -> std::process::ExitCode {
         }
     }
     init_logging(&cfg);
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("router: cannot start the runtime: {e}");
@@ -109,8 +118,11 @@ async fn wait_for_signal() {
 
 fn init_logging(cfg: &Config) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&cfg.log.level));
-    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&cfg.log.level));
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if cfg.log.format == "json" {
         b.json().init();
     } else {

@@ -75,7 +75,10 @@ impl Histogram {
     }
     fn observe(&self, d: Duration) {
         let s = d.as_secs_f64();
-        let i = BUCKETS.iter().position(|b| s <= *b).unwrap_or(BUCKETS.len());
+        let i = BUCKETS
+            .iter()
+            .position(|b| s <= *b)
+            .unwrap_or(BUCKETS.len());
         self.counts[i].fetch_add(1, Relaxed);
         self.sum_us.fetch_add(d.as_micros() as u64, Relaxed);
     }
@@ -138,6 +141,8 @@ impl Default for Metrics {
     }
 }
 
+type Gauge = (&'static str, &'static str, fn(&UpstreamSample) -> u64);
+
 /// Per-upstream values read at scrape time.
 pub struct UpstreamSample {
     /// URL.
@@ -165,7 +170,8 @@ impl Metrics {
     pub fn decision(&self, reason: Reason, predicted_cached: u64, prompt_tokens: u64) {
         let i = Reason::ALL.iter().position(|r| *r == reason).unwrap_or(0);
         self.decisions[i].fetch_add(1, Relaxed);
-        self.predicted_cached_tokens.fetch_add(predicted_cached, Relaxed);
+        self.predicted_cached_tokens
+            .fetch_add(predicted_cached, Relaxed);
         self.routed_prompt_tokens.fetch_add(prompt_tokens, Relaxed);
     }
 
@@ -216,57 +222,168 @@ impl Metrics {
             for (code, c) in self.requests[i].iter().enumerate() {
                 let v = c.load(Relaxed);
                 if v > 0 {
-                    let _ = writeln!(o, "router_requests_total{{endpoint=\"{}\",status=\"{code}\"}} {v}", r.label());
+                    let _ = writeln!(
+                        o,
+                        "router_requests_total{{endpoint=\"{}\",status=\"{code}\"}} {v}",
+                        r.label()
+                    );
                 }
             }
         }
         o.push_str("# HELP router_route_decisions_total Routing decisions by reason.\n# TYPE router_route_decisions_total counter\n");
         for (i, r) in Reason::ALL.iter().enumerate() {
-            let _ = writeln!(o, "router_route_decisions_total{{reason=\"{}\"}} {}", r.label(), self.decisions[i].load(Relaxed));
+            let _ = writeln!(
+                o,
+                "router_route_decisions_total{{reason=\"{}\"}} {}",
+                r.label(),
+                self.decisions[i].load(Relaxed)
+            );
         }
         let counters = [
-            ("router_predicted_cached_tokens_total", "Prompt tokens the router predicted the chosen rank holds.", &self.predicted_cached_tokens),
-            ("router_routed_prompt_tokens_total", "Estimated prompt tokens of routed requests.", &self.routed_prompt_tokens),
-            ("router_usage_prompt_tokens_total", "prompt_tokens reported in responses' usage.", &self.usage_prompt_tokens),
-            ("router_usage_cached_tokens_total", "cached_tokens reported in responses' usage.", &self.usage_cached_tokens),
-            ("router_usage_responses_total", "Responses that carried usage.", &self.usage_responses),
-            ("router_retries_total", "Requests retried on another upstream before the first byte.", &self.retries),
-            ("router_route_records_dropped_total", "Routing records the state could not take (queue full).", &self.records_dropped),
+            (
+                "router_predicted_cached_tokens_total",
+                "Prompt tokens the router predicted the chosen rank holds.",
+                &self.predicted_cached_tokens,
+            ),
+            (
+                "router_routed_prompt_tokens_total",
+                "Estimated prompt tokens of routed requests.",
+                &self.routed_prompt_tokens,
+            ),
+            (
+                "router_usage_prompt_tokens_total",
+                "prompt_tokens reported in responses' usage.",
+                &self.usage_prompt_tokens,
+            ),
+            (
+                "router_usage_cached_tokens_total",
+                "cached_tokens reported in responses' usage.",
+                &self.usage_cached_tokens,
+            ),
+            (
+                "router_usage_responses_total",
+                "Responses that carried usage.",
+                &self.usage_responses,
+            ),
+            (
+                "router_retries_total",
+                "Requests retried on another upstream before the first byte.",
+                &self.retries,
+            ),
+            (
+                "router_route_records_dropped_total",
+                "Routing records the state could not take (queue full).",
+                &self.records_dropped,
+            ),
         ];
         for (name, help, v) in counters {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", v.load(Relaxed));
+            let _ = writeln!(
+                o,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+                v.load(Relaxed)
+            );
         }
         o.push_str("# HELP router_upstream_attempt_failures_total Upstream attempts that failed before the first byte.\n# TYPE router_upstream_attempt_failures_total counter\n");
         for (i, k) in ATTEMPT_FAILURES.iter().enumerate() {
-            let _ = writeln!(o, "router_upstream_attempt_failures_total{{kind=\"{k}\"}} {}", self.attempt_failures[i].load(Relaxed));
+            let _ = writeln!(
+                o,
+                "router_upstream_attempt_failures_total{{kind=\"{k}\"}} {}",
+                self.attempt_failures[i].load(Relaxed)
+            );
         }
         o.push_str("# HELP router_stream_errors_total Responses broken after the first byte.\n# TYPE router_stream_errors_total counter\n");
         for (i, k) in STREAM_ERRORS.iter().enumerate() {
-            let _ = writeln!(o, "router_stream_errors_total{{code=\"{k}\"}} {}", self.stream_errors[i].load(Relaxed));
+            let _ = writeln!(
+                o,
+                "router_stream_errors_total{{code=\"{k}\"}} {}",
+                self.stream_errors[i].load(Relaxed)
+            );
         }
-        self.ttft.render(&mut o, "router_ttft_seconds", "Time from request to the upstream's first body byte.");
-        self.duration.render(&mut o, "router_request_duration_seconds", "Time from request to the end of the response.");
-        let gauges: [(&str, &str, fn(&UpstreamSample) -> u64); 5] = [
-            ("router_upstream_up", "1 when the upstream is healthy.", |u| u64::from(u.up)),
-            ("router_upstream_inflight", "Requests in flight per upstream.", |u| u.inflight),
-            ("router_upstream_queued_prefill_tokens", "Predicted uncached prompt tokens waiting for a first token.", |u| u.queued_prefill),
-            ("router_upstream_decodes", "Requests generating per upstream.", |u| u.decodes),
-            ("router_upstream_requests_total", "Requests sent per upstream.", |u| u.requests),
+        self.ttft.render(
+            &mut o,
+            "router_ttft_seconds",
+            "Time from request to the upstream's first body byte.",
+        );
+        self.duration.render(
+            &mut o,
+            "router_request_duration_seconds",
+            "Time from request to the end of the response.",
+        );
+        let gauges: [Gauge; 5] = [
+            (
+                "router_upstream_up",
+                "1 when the upstream is healthy.",
+                |u| u64::from(u.up),
+            ),
+            (
+                "router_upstream_inflight",
+                "Requests in flight per upstream.",
+                |u| u.inflight,
+            ),
+            (
+                "router_upstream_queued_prefill_tokens",
+                "Predicted uncached prompt tokens waiting for a first token.",
+                |u| u.queued_prefill,
+            ),
+            (
+                "router_upstream_decodes",
+                "Requests generating per upstream.",
+                |u| u.decodes,
+            ),
+            (
+                "router_upstream_requests_total",
+                "Requests sent per upstream.",
+                |u| u.requests,
+            ),
         ];
         for (name, help, f) in gauges {
-            let ty = if name.ends_with("_total") { "counter" } else { "gauge" };
+            let ty = if name.ends_with("_total") {
+                "counter"
+            } else {
+                "gauge"
+            };
             let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {ty}");
             for u in upstreams {
                 let _ = writeln!(o, "{name}{{upstream=\"{}\"}} {}", u.url, f(u));
             }
         }
         let idx = [
-            ("router_index_fingerprints", "gauge", "Distinct prefix fingerprints in the affinity index.", index.fingerprints),
-            ("router_index_entries", "gauge", "(fingerprint, rank) entries in the affinity index.", index.entries),
-            ("router_index_bytes", "gauge", "Estimated memory of the affinity index.", index.bytes),
-            ("router_index_sessions", "gauge", "Session hints held.", index.sessions),
-            ("router_index_capacity_evictions_total", "counter", "Entries forgotten because a rank's modelled KV cache was full.", index.capacity_evictions),
-            ("router_index_cap_evictions_total", "counter", "Entries forgotten because of the global entry cap.", index.cap_evictions),
+            (
+                "router_index_fingerprints",
+                "gauge",
+                "Distinct prefix fingerprints in the affinity index.",
+                index.fingerprints,
+            ),
+            (
+                "router_index_entries",
+                "gauge",
+                "(fingerprint, rank) entries in the affinity index.",
+                index.entries,
+            ),
+            (
+                "router_index_bytes",
+                "gauge",
+                "Estimated memory of the affinity index.",
+                index.bytes,
+            ),
+            (
+                "router_index_sessions",
+                "gauge",
+                "Session hints held.",
+                index.sessions,
+            ),
+            (
+                "router_index_capacity_evictions_total",
+                "counter",
+                "Entries forgotten because a rank's modelled KV cache was full.",
+                index.capacity_evictions,
+            ),
+            (
+                "router_index_cap_evictions_total",
+                "counter",
+                "Entries forgotten because of the global entry cap.",
+                index.cap_evictions,
+            ),
         ];
         for (name, ty, help, v) in idx {
             let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {ty}\n{name} {v}");

@@ -66,7 +66,11 @@ pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// Entry point for every client request.
-pub async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>, metrics_only: bool) -> Response<RespBody> {
+pub async fn handle(
+    ctx: Arc<Ctx>,
+    req: Request<Incoming>,
+    metrics_only: bool,
+) -> Response<RespBody> {
     let path = req.uri().path().to_owned();
     let route = match path.as_str() {
         "/v1/chat/completions" => Route::Chat,
@@ -129,7 +133,10 @@ async fn dispatch(
 }
 
 fn check_header_size(h: &HeaderMap, uri: &http::Uri, limit: u64) -> Result<(), ApiError> {
-    let size: usize = uri.to_string().len() + h.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum::<usize>();
+    let size: usize = uri.to_string().len()
+        + h.iter()
+            .map(|(k, v)| k.as_str().len() + v.len() + 4)
+            .sum::<usize>();
     if size as u64 > limit {
         return Err(ApiError::headers_too_large(limit));
     }
@@ -143,7 +150,10 @@ fn authorize(ctx: &Ctx, h: &HeaderMap) -> Result<(), ApiError> {
     let presented = h
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
         .or_else(|| h.get("x-api-key").and_then(|v| v.to_str().ok()))
         .map(str::trim);
     match presented {
@@ -152,7 +162,10 @@ fn authorize(ctx: &Ctx, h: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-async fn read_body(ctx: &Ctx, req: Request<Incoming>) -> Result<(http::request::Parts, Bytes), ApiError> {
+async fn read_body(
+    ctx: &Ctx,
+    req: Request<Incoming>,
+) -> Result<(http::request::Parts, Bytes), ApiError> {
     let limit = ctx.cfg.limits.max_body_bytes;
     if let Some(len) = req
         .headers()
@@ -173,10 +186,16 @@ async fn read_body(ctx: &Ctx, req: Request<Incoming>) -> Result<(http::request::
     .map_err(|_| ApiError::client_timeout())?;
     match collected {
         Ok(c) => Ok((parts, c.to_bytes())),
-        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
             Err(ApiError::body_too_large(limit))
         }
-        Err(e) => Err(ApiError::bad_request("body_read_error", format!("could not read the request body: {e}"))),
+        Err(e) => Err(ApiError::bad_request(
+            "body_read_error",
+            format!("could not read the request body: {e}"),
+        )),
     }
 }
 
@@ -207,12 +226,21 @@ fn session_of(h: &HeaderMap, body_sid: Option<&str>) -> Option<u64> {
         .map(|s| xxh3_64(s.as_bytes()))
 }
 
-async fn inference(ctx: &Arc<Ctx>, req: Request<Incoming>, ep: Endpoint) -> Result<Response<RespBody>, ApiError> {
+async fn inference(
+    ctx: &Arc<Ctx>,
+    req: Request<Incoming>,
+    ep: Endpoint,
+) -> Result<Response<RespBody>, ApiError> {
     let started = Instant::now();
     let (parts, body) = read_body(ctx, req).await?;
-    let json: serde_json::Value = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad_request("invalid_json", format!("request body is not valid JSON: {e}")))?;
-    let canon = canonicalize(ep, &json).map_err(|e| ApiError::bad_request("invalid_request", e.to_string()))?;
+    let json: serde_json::Value = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad_request(
+            "invalid_json",
+            format!("request body is not valid JSON: {e}"),
+        )
+    })?;
+    let canon = canonicalize(ep, &json)
+        .map_err(|e| ApiError::bad_request("invalid_request", e.to_string()))?;
     drop(json);
     let fps = ctx.cfg.fingerprint.fingerprint(&canon.model, &canon.bytes);
     let session = session_of(&parts.headers, canon.session_id.as_deref());
@@ -229,12 +257,19 @@ async fn inference(ctx: &Arc<Ctx>, req: Request<Incoming>, ep: Endpoint) -> Resu
     let d = select(
         ctx.cfg.policy,
         &ctx.cfg.score,
-        &RouteInput { fps: &fps, session, tie },
+        &RouteInput {
+            fps: &fps,
+            session,
+            tie,
+        },
         &view,
         &cands,
     );
     drop(view);
-    if matches!(d.reason, Reason::Cold | Reason::RoundRobin | Reason::Fallback | Reason::Load) {
+    if matches!(
+        d.reason,
+        Reason::Cold | Reason::RoundRobin | Reason::Fallback | Reason::Load
+    ) {
         ctx.tie.fetch_add(1, Relaxed);
     }
     let order: Vec<Arc<RankState>> = d.order.iter().map(|i| eligible[*i].clone()).collect();
@@ -285,7 +320,11 @@ async fn send_with_retries<'a>(
         let guard = LoadGuard::new(rank.clone(), p.prefill);
         rank.requests.fetch_add(1, Relaxed);
         let more = i + 1 < attempts;
-        let res = tokio::time::timeout(Duration::from_millis(cfg.timeouts.first_byte_ms), ctx.client.request(req)).await;
+        let res = tokio::time::timeout(
+            Duration::from_millis(cfg.timeouts.first_byte_ms),
+            ctx.client.request(req),
+        )
+        .await;
         let resp = match res {
             Err(_) => {
                 ctx.metrics.attempt_failed("timeout", false);
@@ -316,7 +355,8 @@ async fn send_with_retries<'a>(
         ctx.health.report(&up.url, true);
         if status.is_success() {
             if let Some((fps, session, rank_id)) = p.record {
-                ctx.metrics.decision(p.reason, p.predicted_cached, fps.total_tokens);
+                ctx.metrics
+                    .decision(p.reason, p.predicted_cached, fps.total_tokens);
                 ctx.state.record(RouteRecord {
                     rank: rank_id,
                     hashes: fps.hashes.clone(),
@@ -327,7 +367,9 @@ async fn send_with_retries<'a>(
         }
         return Ok(relay(ctx, resp, guard, started, rank, p.reason));
     }
-    Err(ApiError::upstream_failed(format!("all {attempts} upstream attempts failed; last: {last_err}")))
+    Err(ApiError::upstream_failed(format!(
+        "all {attempts} upstream attempts failed; last: {last_err}"
+    )))
 }
 
 fn upstream_request(
@@ -340,7 +382,9 @@ fn upstream_request(
     let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let uri = format!("http://{authority}{base}{pq}");
     let mut b = Request::builder().method(parts.method.clone()).uri(uri);
-    let h = b.headers_mut().ok_or_else(|| ApiError::bad_request("invalid_request", "bad request line"))?;
+    let h = b
+        .headers_mut()
+        .ok_or_else(|| ApiError::bad_request("invalid_request", "bad request line"))?;
     for (k, v) in parts.headers.iter() {
         if is_hop(k) || k == header::HOST || k == header::CONTENT_LENGTH {
             continue;
@@ -359,8 +403,9 @@ fn upstream_request(
             h.insert(header::AUTHORIZATION, v);
         }
     }
-    b.body(Full::new(body))
-        .map_err(|e| ApiError::bad_request("invalid_request", format!("cannot forward request: {e}")))
+    b.body(Full::new(body)).map_err(|e| {
+        ApiError::bad_request("invalid_request", format!("cannot forward request: {e}"))
+    })
 }
 
 fn relay(
@@ -377,7 +422,12 @@ fn relay(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
-    let hop: Vec<header::HeaderName> = parts.headers.keys().filter(|k| is_hop(k)).cloned().collect();
+    let hop: Vec<header::HeaderName> = parts
+        .headers
+        .keys()
+        .filter(|k| is_hop(k))
+        .cloned()
+        .collect();
     for k in hop {
         parts.headers.remove(k);
     }
@@ -391,7 +441,9 @@ fn relay(
     if let Ok(v) = HeaderValue::from_str(&rank.label()) {
         parts.headers.insert("x-router-rank", v);
     }
-    parts.headers.insert("x-router-reason", HeaderValue::from_static(reason.label()));
+    parts
+        .headers
+        .insert("x-router-reason", HeaderValue::from_static(reason.label()));
     let relay = RelayBody::new(
         body,
         sse,
@@ -407,8 +459,10 @@ fn relay(
 fn json_response(status: StatusCode, v: &serde_json::Value) -> Response<RespBody> {
     let mut r = Response::new(full(serde_json::to_vec(v).unwrap_or_default()));
     *r.status_mut() = status;
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     r
 }
 
@@ -461,7 +515,9 @@ fn metrics(ctx: &Ctx) -> Response<RespBody> {
         })
         .collect();
     let extra = ctx.extra_metrics.as_ref().map(|f| f()).unwrap_or_default();
-    let text = ctx.metrics.render(&samples, &ctx.state.index_stats(), &extra);
+    let text = ctx
+        .metrics
+        .render(&samples, &ctx.state.index_stats(), &extra);
     let mut r = Response::new(full(text));
     r.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -473,7 +529,12 @@ fn metrics(ctx: &Ctx) -> Response<RespBody> {
 /// `GET /v1/models`: the union of every healthy upstream's list, by model id.
 async fn models(ctx: &Arc<Ctx>) -> Result<Response<RespBody>, ApiError> {
     let topo = ctx.state.topology();
-    let ups: Vec<_> = topo.upstreams.iter().filter(|u| u.up.load(Relaxed)).cloned().collect();
+    let ups: Vec<_> = topo
+        .upstreams
+        .iter()
+        .filter(|u| u.up.load(Relaxed))
+        .cloned()
+        .collect();
     if ups.is_empty() {
         return Err(ApiError::no_upstream());
     }
@@ -488,15 +549,19 @@ async fn models(ctx: &Arc<Ctx>) -> Result<Response<RespBody>, ApiError> {
                 b = b.header(header::AUTHORIZATION, format!("Bearer {t}"));
             }
             let req = b.body(Full::new(Bytes::new())).ok()?;
-            let resp = tokio::time::timeout(timeout, client.request(req)).await.ok()?.ok()?;
+            let resp = tokio::time::timeout(timeout, client.request(req))
+                .await
+                .ok()?
+                .ok()?;
             if !resp.status().is_success() {
                 return None;
             }
-            let bytes = tokio::time::timeout(timeout, Limited::new(resp.into_body(), 8 << 20).collect())
-                .await
-                .ok()?
-                .ok()?
-                .to_bytes();
+            let bytes =
+                tokio::time::timeout(timeout, Limited::new(resp.into_body(), 8 << 20).collect())
+                    .await
+                    .ok()?
+                    .ok()?
+                    .to_bytes();
             serde_json::from_slice::<serde_json::Value>(&bytes).ok()
         }
     });
@@ -517,11 +582,17 @@ async fn models(ctx: &Arc<Ctx>) -> Result<Response<RespBody>, ApiError> {
         return Err(ApiError::upstream_failed("no upstream answered /v1/models"));
     }
     let data: Vec<serde_json::Value> = seen.into_values().collect();
-    Ok(json_response(StatusCode::OK, &serde_json::json!({"object": "list", "data": data})))
+    Ok(json_response(
+        StatusCode::OK,
+        &serde_json::json!({"object": "list", "data": data}),
+    ))
 }
 
 /// Other `/v1/*`: to the least-loaded healthy upstream, with the same retry rules.
-async fn passthrough(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Result<Response<RespBody>, ApiError> {
+async fn passthrough(
+    ctx: &Arc<Ctx>,
+    req: Request<Incoming>,
+) -> Result<Response<RespBody>, ApiError> {
     let started = Instant::now();
     let (parts, body) = read_body(ctx, req).await?;
     let topo = ctx.state.topology();
@@ -530,7 +601,12 @@ async fn passthrough(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Result<Response<
         .iter()
         .filter_map(|u| {
             let first = topo.ranks_of(u).next()?.clone();
-            first.eligible().then(|| (topo.ranks_of(u).map(|r| r.inflight.load(Relaxed)).sum(), first))
+            first.eligible().then(|| {
+                (
+                    topo.ranks_of(u).map(|r| r.inflight.load(Relaxed)).sum(),
+                    first,
+                )
+            })
         })
         .collect();
     if ups.is_empty() {
@@ -554,10 +630,14 @@ mod tests {
 
     #[test]
     fn dp_rank_goes_last() {
-        assert_eq!(&with_dp_rank(br#"{"a":1}"#, 3)[..], br#"{"a":1,"routed_dp_rank":3}"#);
+        assert_eq!(
+            &with_dp_rank(br#"{"a":1}"#, 3)[..],
+            br#"{"a":1,"routed_dp_rank":3}"#
+        );
         assert_eq!(&with_dp_rank(b"{ }\n", 0)[..], b"{ \"routed_dp_rank\":0}\n");
         let v: serde_json::Value =
-            serde_json::from_slice(&with_dp_rank(br#"{"routed_dp_rank":9,"x":{"y":2}}"#, 1)).unwrap();
+            serde_json::from_slice(&with_dp_rank(br#"{"routed_dp_rank":9,"x":{"y":2}}"#, 1))
+                .unwrap();
         assert_eq!(v["routed_dp_rank"], 1);
     }
 

@@ -77,14 +77,15 @@ pub async fn serve(
                     }
                 }
                 Some(acc) => {
-                    let stream = match tokio::time::timeout(header_timeout, acc.accept(stream)).await {
-                        Ok(Ok(s)) => s,
-                        Ok(Err(e)) => {
-                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => return,
-                    };
+                    let stream =
+                        match tokio::time::timeout(header_timeout, acc.accept(stream)).await {
+                            Ok(Ok(s)) => s,
+                            Ok(Err(e)) => {
+                                tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                                return;
+                            }
+                            Err(_) => return,
+                        };
                     let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
                     if let Err(e) = watcher.watch(conn.into_owned()).await {
                         tracing::debug!(%peer, error = %e, "connection ended with error");

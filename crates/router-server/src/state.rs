@@ -77,7 +77,11 @@ impl LocalState {
     }
 }
 
-async fn writer(state: std::sync::Weak<LocalState>, mut model: CacheModel, mut rx: mpsc::Receiver<RouteRecord>) {
+async fn writer(
+    state: std::sync::Weak<LocalState>,
+    mut model: CacheModel,
+    mut rx: mpsc::Receiver<RouteRecord>,
+) {
     let mut batch = Vec::with_capacity(BATCH);
     while rx.recv_many(&mut batch, BATCH).await > 0 {
         for rec in batch.drain(..) {

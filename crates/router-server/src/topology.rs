@@ -118,7 +118,12 @@ impl Topology {
     }
 
     /// Ranks of one upstream.
-    pub fn ranks_of<'a>(&'a self, up: &'a Upstream) -> impl Iterator<Item = &'a Arc<RankState>> + 'a {
-        self.ranks.iter().filter(move |r| std::ptr::eq(&*r.upstream, up))
+    pub fn ranks_of<'a>(
+        &'a self,
+        up: &'a Upstream,
+    ) -> impl Iterator<Item = &'a Arc<RankState>> + 'a {
+        self.ranks
+            .iter()
+            .filter(move |r| std::ptr::eq(&*r.upstream, up))
     }
 }
