@@ -1,0 +1,108 @@
+//! `enginesim`: one process, one or many simulated engine ranks.
+
+use clap::Parser;
+use engine_sim::sched::TimeModel;
+use engine_sim::{serve, PortRanks, PortState, Rank, SimConfig};
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Simulated vLLM/SGLang engine for router testing.
+#[derive(Parser, Debug)]
+#[command(name = "enginesim", version)]
+struct Cli {
+    /// Address to serve; repeat for several ports (each its own engine).
+    #[arg(long = "listen", required = true)]
+    listen: Vec<SocketAddr>,
+    /// Data-parallel ranks behind each port, chosen by `routed_dp_rank` (SGLang style).
+    #[arg(long, default_value_t = 1)]
+    dp_ranks: usize,
+    /// Model name.
+    #[arg(long, default_value = "sim-model")]
+    model: String,
+    /// KV cache capacity per rank, in tokens.
+    #[arg(long, default_value_t = 200_000)]
+    capacity_tokens: usize,
+    /// KV block size in tokens.
+    #[arg(long, default_value_t = 16)]
+    block_size: usize,
+    /// Prefill throughput, tokens per second.
+    #[arg(long, default_value_t = 20_000.0)]
+    prefill_tps: f64,
+    /// Fixed cost of a step, ms.
+    #[arg(long, default_value_t = 15.0)]
+    decode_base_ms: f64,
+    /// Extra step cost per request in the batch, ms.
+    #[arg(long, default_value_t = 0.4)]
+    decode_per_req_ms: f64,
+    /// Tokens per step (chunked prefill budget).
+    #[arg(long, default_value_t = 2048)]
+    token_budget: u32,
+    /// Requests running at once; the rest wait.
+    #[arg(long, default_value_t = 32)]
+    max_running: usize,
+    /// Simulated time runs this many times faster than wall time.
+    #[arg(long, default_value_t = 1.0)]
+    speed: f64,
+    /// max_tokens when the request gives none.
+    #[arg(long, default_value_t = 16)]
+    default_max_tokens: u32,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    if cli.dp_ranks == 0 || cli.block_size == 0 || cli.speed <= 0.0 || cli.prefill_tps <= 0.0 {
+        anyhow::bail!("dp-ranks, block-size, speed and prefill-tps must be positive");
+    }
+    let cfg = SimConfig {
+        model: cli.model.clone(),
+        capacity_tokens: cli.capacity_tokens,
+        block_size: cli.block_size,
+        time: TimeModel {
+            prefill_tps: cli.prefill_tps,
+            decode_base: Duration::from_secs_f64(cli.decode_base_ms / 1e3),
+            decode_per_req: Duration::from_secs_f64(cli.decode_per_req_ms / 1e3),
+            token_budget: cli.token_budget,
+            max_running: cli.max_running,
+        },
+        speed: cli.speed,
+        default_max_tokens: cli.default_max_tokens,
+    };
+    let mut tasks = Vec::new();
+    for addr in &cli.listen {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let ranks = if cli.dp_ranks == 1 {
+            PortRanks::Single(Arc::new(Rank::spawn(addr.to_string(), &cfg)))
+        } else {
+            PortRanks::Dp(
+                (0..cli.dp_ranks).map(|i| Arc::new(Rank::spawn(format!("{addr}#{i}"), &cfg))).collect(),
+                AtomicU64::new(0),
+            )
+        };
+        let st = Arc::new(PortState { cfg: cfg.clone(), ranks });
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { continue };
+                let _ = stream.set_nodelay(true);
+                let st = st.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req| {
+                        let st = st.clone();
+                        async move { Ok::<_, Infallible>(serve(st, req).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        }));
+    }
+    eprintln!("enginesim: serving {} port(s) x {} rank(s)", cli.listen.len(), cli.dp_ranks);
+    tokio::signal::ctrl_c().await?;
+    Ok(())
+}
