@@ -91,7 +91,9 @@ impl PrefixCache {
             self.by_tick.insert(self.tick, *h);
         }
         while self.by_hash.len() > self.capacity_blocks {
-            let Some((_, h)) = self.by_tick.pop_first() else { break };
+            let Some((_, h)) = self.by_tick.pop_first() else {
+                break;
+            };
             self.by_hash.remove(&h);
         }
         cached
@@ -103,7 +105,9 @@ mod tests {
     use super::*;
 
     fn toks(seed: u32, n: usize) -> Vec<u32> {
-        (0..n as u32).map(|i| i.wrapping_mul(2654435761).wrapping_add(seed)).collect()
+        (0..n as u32)
+            .map(|i| i.wrapping_mul(2654435761).wrapping_add(seed))
+            .collect()
     }
 
     #[test]

@@ -105,7 +105,11 @@ impl Rank {
     }
 }
 
-async fn run_rank(cfg: SimConfig, mut rx: mpsc::UnboundedReceiver<Admission>, stats: Arc<RankStats>) {
+async fn run_rank(
+    cfg: SimConfig,
+    mut rx: mpsc::UnboundedReceiver<Admission>,
+    stats: Arc<RankStats>,
+) {
     let mut cache = PrefixCache::new(cfg.capacity_tokens, cfg.block_size);
     let mut sched = Scheduler::new(cfg.time);
     let mut clients: HashMap<u64, mpsc::UnboundedSender<Event>> = HashMap::new();
@@ -114,12 +118,18 @@ async fn run_rank(cfg: SimConfig, mut rx: mpsc::UnboundedReceiver<Admission>, st
     // Sleeping to a virtual clock keeps the average step length exact even though each
     // timer only fires on a millisecond tick.
     let mut clock = tokio::time::Instant::now();
-    let mut admit = |a: Admission, sched: &mut Scheduler, clients: &mut HashMap<u64, mpsc::UnboundedSender<Event>>| {
+    let mut admit = |a: Admission,
+                     sched: &mut Scheduler,
+                     clients: &mut HashMap<u64, mpsc::UnboundedSender<Event>>| {
         let cached = cache.admit(&a.prompt);
-        stats.prompt_tokens.fetch_add(a.prompt.len() as u64, Relaxed);
+        stats
+            .prompt_tokens
+            .fetch_add(a.prompt.len() as u64, Relaxed);
         stats.prefix_queries.store(cache.queries, Relaxed);
         stats.prefix_hits.store(cache.hits, Relaxed);
-        stats.kv_usage_ppm.store((cache.usage() * 1e6) as u64, Relaxed);
+        stats
+            .kv_usage_ppm
+            .store((cache.usage() * 1e6) as u64, Relaxed);
         if a.events.send(Event::Start { cached }).is_err() {
             return;
         }
@@ -155,7 +165,9 @@ async fn run_rank(cfg: SimConfig, mut rx: mpsc::UnboundedReceiver<Admission>, st
         }
         for id in step.tokens {
             stats.generation_tokens.fetch_add(1, Relaxed);
-            let gone = clients.get(&id).is_none_or(|c| c.send(Event::Token).is_err());
+            let gone = clients
+                .get(&id)
+                .is_none_or(|c| c.send(Event::Token).is_err());
             if gone {
                 sched.cancel(id);
                 clients.remove(&id);
@@ -229,7 +241,11 @@ pub fn render_chat(body: &serde_json::Value) -> Result<String, String> {
                     }
                 }
             }
-            Some(_) => return Err(format!("messages[{i}].content must be a string or an array")),
+            Some(_) => {
+                return Err(format!(
+                    "messages[{i}].content must be a string or an array"
+                ))
+            }
         }
         if let Some(tc) = m.get("tool_calls").filter(|t| !t.is_null()) {
             out.push_str(&tc.to_string());
@@ -252,7 +268,8 @@ pub fn tokenize(text: &[u8]) -> Vec<u32> {
 }
 
 const WORDS: [&str; 16] = [
-    "the ", "code ", "fix ", "test ", "run ", "file ", "edit ", "step ", "next ", "done ", "read ", "call ", "tool ", "line ", "diff ", "ok. ",
+    "the ", "code ", "fix ", "test ", "run ", "file ", "edit ", "step ", "next ", "done ", "read ",
+    "call ", "tool ", "line ", "diff ", "ok. ",
 ];
 
 /// The deterministic reply to a prompt, one word per token.
@@ -310,33 +327,60 @@ pub async fn serve(st: Arc<PortState>, req: Request<Incoming>) -> Response<Body>
     } else {
         match body.get("prompt") {
             Some(serde_json::Value::String(s)) => tokenize(s.as_bytes()),
-            Some(serde_json::Value::Array(a)) if !a.is_empty() && a.iter().all(|t| t.as_u64().is_some_and(|t| t <= u64::from(u32::MAX))) => {
+            Some(serde_json::Value::Array(a))
+                if !a.is_empty()
+                    && a.iter()
+                        .all(|t| t.as_u64().is_some_and(|t| t <= u64::from(u32::MAX))) =>
+            {
                 a.iter().map(|t| t.as_u64().unwrap_or(0) as u32).collect()
             }
-            _ => return error(StatusCode::BAD_REQUEST, "'prompt' must be a string or a list of token ids"),
+            _ => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "'prompt' must be a string or a list of token ids",
+                )
+            }
         }
     };
     if prompt.is_empty() {
         return error(StatusCode::BAD_REQUEST, "empty prompt");
     }
-    let max_tokens = match body.get("max_tokens").or_else(|| body.get("max_completion_tokens")) {
+    let max_tokens = match body
+        .get("max_tokens")
+        .or_else(|| body.get("max_completion_tokens"))
+    {
         None | Some(serde_json::Value::Null) => st.cfg.default_max_tokens,
         Some(v) => match v.as_u64() {
             Some(n) if n >= 1 => n.min(8192) as u32,
-            _ => return error(StatusCode::BAD_REQUEST, "'max_tokens' must be a positive integer"),
+            _ => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "'max_tokens' must be a positive integer",
+                )
+            }
         },
     };
     let rank = match &st.ranks {
         PortRanks::Single(r) => r.clone(),
         PortRanks::Dp(ranks, rr) => match body.get("routed_dp_rank") {
-            None | Some(serde_json::Value::Null) => ranks[(rr.fetch_add(1, Relaxed) as usize) % ranks.len()].clone(),
+            None | Some(serde_json::Value::Null) => {
+                ranks[(rr.fetch_add(1, Relaxed) as usize) % ranks.len()].clone()
+            }
             Some(v) => match v.as_u64() {
                 Some(i) if (i as usize) < ranks.len() => ranks[i as usize].clone(),
-                _ => return error(StatusCode::BAD_REQUEST, format!("routed_dp_rank must be in 0..{}", ranks.len())),
+                _ => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        format!("routed_dp_rank must be in 0..{}", ranks.len()),
+                    )
+                }
             },
         },
     };
-    let stream = body.get("stream").and_then(|s| s.as_bool()).unwrap_or(false);
+    let stream = body
+        .get("stream")
+        .and_then(|s| s.as_bool())
+        .unwrap_or(false);
     let include_usage = body
         .get("stream_options")
         .and_then(|o| o.get("include_usage"))
@@ -345,14 +389,26 @@ pub async fn serve(st: Arc<PortState>, req: Request<Incoming>) -> Response<Body>
     let words = reply_words(&prompt, max_tokens);
     let prompt_len = prompt.len();
     let (etx, mut erx) = mpsc::unbounded_channel();
-    if rank.tx.send(Admission { prompt, max_tokens, events: etx }).is_err() {
+    if rank
+        .tx
+        .send(Admission {
+            prompt,
+            max_tokens,
+            events: etx,
+        })
+        .is_err()
+    {
         return error(StatusCode::SERVICE_UNAVAILABLE, "rank stopped");
     }
     let cached = match erx.recv().await {
         Some(Event::Start { cached }) => cached,
         _ => return error(StatusCode::SERVICE_UNAVAILABLE, "rank stopped"),
     };
-    let model = body.get("model").and_then(|m| m.as_str()).unwrap_or(&st.cfg.model).to_owned();
+    let model = body
+        .get("model")
+        .and_then(|m| m.as_str())
+        .unwrap_or(&st.cfg.model)
+        .to_owned();
     let usage = move |completion: usize| {
         serde_json::json!({"prompt_tokens": prompt_len, "completion_tokens": completion,
             "total_tokens": prompt_len + completion, "prompt_tokens_details": {"cached_tokens": cached}})
@@ -383,7 +439,11 @@ pub async fn serve(st: Arc<PortState>, req: Request<Incoming>) -> Response<Body>
     }
     let mut i = 0usize;
     let mut done = false;
-    let object = if chat { "chat.completion.chunk" } else { "text_completion" };
+    let object = if chat {
+        "chat.completion.chunk"
+    } else {
+        "text_completion"
+    };
     let frames = futures_util::stream::poll_fn(move |cx| {
         if done {
             return std::task::Poll::Ready(None);
@@ -393,14 +453,20 @@ pub async fn serve(st: Arc<PortState>, req: Request<Incoming>) -> Response<Body>
             std::task::Poll::Ready(Some(Event::Token)) => {
                 let w = words.get(i).copied().unwrap_or("");
                 let choice = if chat {
-                    let delta = if i == 0 { serde_json::json!({"role": "assistant", "content": w}) } else { serde_json::json!({"content": w}) };
+                    let delta = if i == 0 {
+                        serde_json::json!({"role": "assistant", "content": w})
+                    } else {
+                        serde_json::json!({"content": w})
+                    };
                     serde_json::json!({"index": 0, "delta": delta, "finish_reason": null})
                 } else {
                     serde_json::json!({"index": 0, "text": w, "finish_reason": null})
                 };
                 i += 1;
                 let c = serde_json::json!({"id": "sim-1", "object": object, "model": model, "choices": [choice]});
-                std::task::Poll::Ready(Some(Ok::<_, Infallible>(Frame::data(Bytes::from(format!("data: {c}\n\n"))))))
+                std::task::Poll::Ready(Some(Ok::<_, Infallible>(Frame::data(Bytes::from(
+                    format!("data: {c}\n\n"),
+                )))))
             }
             std::task::Poll::Ready(Some(Event::Start { .. })) => {
                 std::task::Poll::Ready(Some(Ok(Frame::data(Bytes::new()))))
@@ -412,9 +478,16 @@ pub async fn serve(st: Arc<PortState>, req: Request<Incoming>) -> Response<Body>
                 } else {
                     serde_json::json!({"index": 0, "text": "", "finish_reason": "length"})
                 };
-                let mut s = format!("data: {}\n\n", serde_json::json!({"id": "sim-1", "object": object, "model": model, "choices": [fin]}));
+                let mut s = format!(
+                    "data: {}\n\n",
+                    serde_json::json!({"id": "sim-1", "object": object, "model": model, "choices": [fin]})
+                );
                 if include_usage {
-                    let _ = write!(s, "data: {}\n\n", serde_json::json!({"id": "sim-1", "object": object, "model": model, "choices": [], "usage": usage(i)}));
+                    let _ = write!(
+                        s,
+                        "data: {}\n\n",
+                        serde_json::json!({"id": "sim-1", "object": object, "model": model, "choices": [], "usage": usage(i)})
+                    );
                 }
                 s.push_str("data: [DONE]\n\n");
                 std::task::Poll::Ready(Some(Ok(Frame::data(Bytes::from(s)))))
@@ -436,22 +509,45 @@ fn metrics(st: &PortState) -> String {
     let mut o = String::new();
     let m = &st.cfg.model;
     let gauges: [(&str, &str, fn(&RankStats) -> f64); 3] = [
-        ("vllm:num_requests_running", "gauge", |s| s.running.load(Relaxed) as f64),
-        ("vllm:num_requests_waiting", "gauge", |s| s.waiting.load(Relaxed) as f64),
-        ("vllm:kv_cache_usage_perc", "gauge", |s| s.kv_usage_ppm.load(Relaxed) as f64 / 1e6),
+        ("vllm:num_requests_running", "gauge", |s| {
+            s.running.load(Relaxed) as f64
+        }),
+        ("vllm:num_requests_waiting", "gauge", |s| {
+            s.waiting.load(Relaxed) as f64
+        }),
+        ("vllm:kv_cache_usage_perc", "gauge", |s| {
+            s.kv_usage_ppm.load(Relaxed) as f64 / 1e6
+        }),
     ];
     let counters: [(&str, &str, fn(&RankStats) -> f64); 6] = [
-        ("vllm:prefix_cache_queries_total", "counter", |s| s.prefix_queries.load(Relaxed) as f64),
-        ("vllm:prefix_cache_hits_total", "counter", |s| s.prefix_hits.load(Relaxed) as f64),
-        ("vllm:prompt_tokens_total", "counter", |s| s.prompt_tokens.load(Relaxed) as f64),
-        ("vllm:generation_tokens_total", "counter", |s| s.generation_tokens.load(Relaxed) as f64),
-        ("vllm:request_success_total", "counter", |s| s.finished.load(Relaxed) as f64),
-        ("vllm:request_cancelled_total", "counter", |s| s.cancelled.load(Relaxed) as f64),
+        ("vllm:prefix_cache_queries_total", "counter", |s| {
+            s.prefix_queries.load(Relaxed) as f64
+        }),
+        ("vllm:prefix_cache_hits_total", "counter", |s| {
+            s.prefix_hits.load(Relaxed) as f64
+        }),
+        ("vllm:prompt_tokens_total", "counter", |s| {
+            s.prompt_tokens.load(Relaxed) as f64
+        }),
+        ("vllm:generation_tokens_total", "counter", |s| {
+            s.generation_tokens.load(Relaxed) as f64
+        }),
+        ("vllm:request_success_total", "counter", |s| {
+            s.finished.load(Relaxed) as f64
+        }),
+        ("vllm:request_cancelled_total", "counter", |s| {
+            s.cancelled.load(Relaxed) as f64
+        }),
     ];
     for (name, ty, f) in gauges.iter().chain(counters.iter()) {
         let _ = writeln!(o, "# TYPE {name} {ty}");
         for (i, r) in ranks.iter().enumerate() {
-            let _ = writeln!(o, "{name}{{model_name=\"{m}\",engine=\"{i}\",rank=\"{}\"}} {}", r.label, f(&r.stats));
+            let _ = writeln!(
+                o,
+                "{name}{{model_name=\"{m}\",engine=\"{i}\",rank=\"{}\"}} {}",
+                r.label,
+                f(&r.stats)
+            );
         }
     }
     o

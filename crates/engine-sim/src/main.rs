@@ -80,14 +80,21 @@ async fn main() -> anyhow::Result<()> {
             PortRanks::Single(Arc::new(Rank::spawn(addr.to_string(), &cfg)))
         } else {
             PortRanks::Dp(
-                (0..cli.dp_ranks).map(|i| Arc::new(Rank::spawn(format!("{addr}#{i}"), &cfg))).collect(),
+                (0..cli.dp_ranks)
+                    .map(|i| Arc::new(Rank::spawn(format!("{addr}#{i}"), &cfg)))
+                    .collect(),
                 AtomicU64::new(0),
             )
         };
-        let st = Arc::new(PortState { cfg: cfg.clone(), ranks });
+        let st = Arc::new(PortState {
+            cfg: cfg.clone(),
+            ranks,
+        });
         tasks.push(tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else { continue };
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
                 let _ = stream.set_nodelay(true);
                 let st = st.clone();
                 tokio::spawn(async move {
@@ -102,7 +109,11 @@ async fn main() -> anyhow::Result<()> {
             }
         }));
     }
-    eprintln!("enginesim: serving {} port(s) x {} rank(s)", cli.listen.len(), cli.dp_ranks);
+    eprintln!(
+        "enginesim: serving {} port(s) x {} rank(s)",
+        cli.listen.len(),
+        cli.dp_ranks
+    );
     tokio::signal::ctrl_c().await?;
     Ok(())
 }

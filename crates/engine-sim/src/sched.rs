@@ -168,7 +168,11 @@ mod tests {
         for o in others {
             s.add(o.clone());
         }
-        s.add(Job { id: 0, prefill_left: uncached, decode_left: 10 });
+        s.add(Job {
+            id: 0,
+            prefill_left: uncached,
+            decode_left: 10,
+        });
         let mut t = Duration::ZERO;
         for _ in 0..100_000 {
             let st = s.step();
@@ -181,7 +185,13 @@ mod tests {
     }
 
     fn busy(n: u64, prefill: u32) -> Vec<Job> {
-        (1..=n).map(|id| Job { id, prefill_left: prefill, decode_left: 200 }).collect()
+        (1..=n)
+            .map(|id| Job {
+                id,
+                prefill_left: prefill,
+                decode_left: 200,
+            })
+            .collect()
     }
 
     #[test]
@@ -217,7 +227,10 @@ mod tests {
 
     #[test]
     fn max_running_queues_the_rest() {
-        let m = TimeModel { max_running: 2, ..TimeModel::default() };
+        let m = TimeModel {
+            max_running: 2,
+            ..TimeModel::default()
+        };
         let mut s = Scheduler::new(m);
         for j in busy(3, 10) {
             s.add(j);
@@ -234,7 +247,11 @@ mod tests {
     #[test]
     fn jobs_finish_after_their_tokens() {
         let mut s = Scheduler::new(TimeModel::default());
-        s.add(Job { id: 7, prefill_left: 100, decode_left: 3 });
+        s.add(Job {
+            id: 7,
+            prefill_left: 100,
+            decode_left: 3,
+        });
         let mut tokens = 0;
         let mut finished = false;
         for _ in 0..10 {

@@ -3,9 +3,13 @@
 //! ## The `prefix` cost (lowest wins)
 //!
 //! ```text
-//! cost(r) = ( uncached(r) + prefill_weight * queued_prefill(r) + decode_weight * decodes(r) ) / weight(r)
+//! load(r)   = ( prefill_weight * queued_prefill(r) + decode_weight * decodes(r) ) / weight(r)
+//! excess(r) = max(0, load(r) - min_r' load(r') - load_slack)
+//! cost(r)   = uncached(r) / weight(r) + excess(r)
 //! uncached(r) = prompt_tokens - cached(r)
 //! ```
+//! Candidates are ordered by `cost`, then by `load` (so cold prompts go to the least-loaded
+//! rank), then by a rotation seeded by the caller.
 //!
 //! * `cached(r)`: tokens of the longest prefix of this prompt that the cache model says rank
 //!   `r` still holds (contiguous fingerprints from the first chunk).
@@ -15,16 +19,19 @@
 //! * `prefill_weight` (default 1.0): a token queued ahead of us delays us as much as one of
 //!   our own uncached tokens.
 //! * `decode_weight` (default 64 tokens): each running decode takes a slot of every engine
-//!   step and slows it; 64 prefill-token equivalents per decode keeps a rank with a few
-//!   long generations from being treated as idle, while a 40k-token cached prefix still
-//!   outweighs hundreds of decodes.
+//!   step and slows it; 64 prefill-token equivalents per decode keeps a rank with many
+//!   generations from looking idle, while a long cached prefix still outweighs them.
+//! * `load_slack` (default 2048 tokens): load differences smaller than this are noise (a
+//!   couple of requests arriving in a different order) and never move a conversation. Without
+//!   it, a conversation whose rank holds only a few chunks more than another rank (early turns
+//!   on a shared system prompt) flips between ranks on every small imbalance, which splits its
+//!   cache footprint across ranks.
 //! * `weight(r)` (default 1.0): relative speed of the rank; a rank twice as fast halves
 //!   every cost on it.
 //!
 //! Everything is in engine tokens, so the formula reads as "estimated work before our first
-//! token". A cached conversation moves only when its rank's queue exceeds the re-prefill cost
-//! elsewhere. Ties (equal cost, e.g. cold prompts on idle ranks) are broken by a rotation
-//! seeded by the caller, so cold conversations spread evenly.
+//! token". A cached conversation moves only when its rank's queue exceeds the least-loaded
+//! rank's by more than the slack plus the re-prefill cost elsewhere.
 //!
 //! With a session id (header or body), the rank the session last went to is credited with the
 //! best cached prefix any rank holds: a strong hint, still subject to load.
@@ -69,6 +76,8 @@ pub struct ScoreParams {
     pub prefill_weight: f64,
     /// Prefill-token equivalents of one running decode.
     pub decode_weight: f64,
+    /// Load differences (in tokens) too small to move a conversation.
+    pub load_slack: f64,
     /// Honour session ids as hints under the `prefix` policy.
     pub session_hint: bool,
 }
@@ -78,6 +87,7 @@ impl Default for ScoreParams {
         ScoreParams {
             prefill_weight: 1.0,
             decode_weight: 64.0,
+            load_slack: 2048.0,
             session_hint: true,
         }
     }
@@ -279,21 +289,24 @@ fn prefix(
             own
         }
     };
-    let mut keyed: SmallVec<[(f64, usize, usize); 8]> = candidates
+    let loads: SmallVec<[f64; 8]> = candidates.iter().map(|c| load_cost(params, c)).collect();
+    let min_load = loads.iter().copied().fold(f64::INFINITY, f64::min);
+    let mut keyed: SmallVec<[(f64, f64, usize, usize); 8]> = candidates
         .iter()
         .enumerate()
         .map(|(i, c)| {
             let cached = input.fps.tokens_of_prefix(credited(c) as usize).min(total);
-            let uncached = (total - cached) as f64;
-            let cost = (uncached
-                + params.prefill_weight * c.queued_prefill as f64
-                + params.decode_weight * c.decodes as f64)
-                / c.weight.max(1e-9);
-            (cost, rot(i), i)
+            let uncached = (total - cached) as f64 / c.weight.max(1e-9);
+            let excess = (loads[i] - min_load - params.load_slack).max(0.0);
+            (uncached + excess, loads[i], rot(i), i)
         })
         .collect();
-    keyed.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-    let order: SmallVec<[usize; 8]> = keyed.into_iter().map(|k| k.2).collect();
+    keyed.sort_by(|a, b| {
+        a.0.total_cmp(&b.0)
+            .then(a.1.total_cmp(&b.1))
+            .then(a.2.cmp(&b.2))
+    });
+    let order: SmallVec<[usize; 8]> = keyed.into_iter().map(|k| k.3).collect();
     let winner = &candidates[order[0]];
     let own = matched_of(winner.rank);
     let reason = if hinted == Some(winner.rank) && own < best_matched {
@@ -384,15 +397,35 @@ mod tests {
         let mut m = model(2);
         m.record(0, &f.hashes, &f.chunk_tokens, None);
         let mut c = cands(2);
-        c[0].queued_prefill = 10_000; // less than re-prefilling 10240 elsewhere
+        // Moving costs re-prefilling 10240 tokens, plus the 2048-token load slack.
+        c[0].queued_prefill = 12_000;
         assert_eq!(pick(Policy::Prefix, &f, &m, &c, 0).order[0], 0);
-        c[0].queued_prefill = 10_300;
+        c[0].queued_prefill = 12_400;
         let d = pick(Policy::Prefix, &f, &m, &c, 0);
         assert_eq!(d.order[0], 1);
         assert_eq!(d.reason, Reason::Load);
         c[0].queued_prefill = 0;
-        c[0].decodes = 200; // 200 * 64 = 12800 > 10240
+        c[0].decodes = 200; // 200 * 64 = 12800 > 10240 + 2048
         assert_eq!(pick(Policy::Prefix, &f, &m, &c, 0).order[0], 1);
+    }
+
+    #[test]
+    fn small_load_differences_do_not_move_but_cold_goes_to_least_loaded() {
+        let f = fp(4, 512);
+        let mut m = model(3);
+        m.record(0, &f.hashes[..2], &f.chunk_tokens[..2], None);
+        let mut c = cands(3);
+        c[0].queued_prefill = 2000; // within the slack
+        c[1].queued_prefill = 100;
+        let d = pick(Policy::Prefix, &f, &m, &c, 0);
+        assert_eq!(d.order[0], 0);
+        let cold = fp(4, 700);
+        let cold = Fingerprints {
+            hashes: cold.hashes.iter().map(|h| h ^ 0xdead).collect(),
+            ..cold
+        };
+        let d = pick(Policy::Prefix, &cold, &m, &c, 0);
+        assert_eq!(d.order.as_slice(), &[2, 1, 0], "cold prompts order by load");
     }
 
     #[test]

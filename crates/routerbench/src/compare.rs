@@ -1,0 +1,175 @@
+//! `routerbench compare`: one engine-sim fleet per run, the router under each policy and
+//! nginx least_conn in turn, the same seeded workload through each, one table.
+
+use crate::procs::{free_port, sibling, spawn, start_nginx, wait_port, Proc};
+use crate::workload::{self, Kind, Params, Report};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+/// Settings of a comparison.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CompareArgs {
+    /// Engine ranks (one enginesim port each).
+    #[arg(long, default_value_t = 8)]
+    pub ranks: usize,
+    /// Concurrent developers.
+    #[arg(long, default_value_t = 24)]
+    pub developers: usize,
+    /// Seconds per run.
+    #[arg(long, default_value_t = 60)]
+    pub duration: u64,
+    /// Prompt size factor.
+    #[arg(long, default_value_t = 0.25)]
+    pub scale: f64,
+    /// Engine speed factor (gaps are divided by it too).
+    #[arg(long, default_value_t = 10.0)]
+    pub speed: f64,
+    /// KV capacity per rank in tokens.
+    #[arg(long, default_value_t = 60_000)]
+    pub capacity_tokens: u64,
+    /// Engine prefill throughput (tokens/s of simulated time).
+    #[arg(long, default_value_t = 8_000.0)]
+    pub prefill_tps: f64,
+    /// Router policies to run.
+    #[arg(long, value_delimiter = ',', default_value = "round_robin,load,prefix")]
+    pub policies: Vec<String>,
+    /// Skip the nginx run.
+    #[arg(long)]
+    pub no_nginx: bool,
+    /// Workload family.
+    #[arg(long, value_enum, default_value_t = Kind::Agent)]
+    pub workload: Kind,
+    /// Structure seed.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Write the reports as JSON.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+    /// Keep logs here (default: a temp dir).
+    #[arg(long)]
+    pub workdir: Option<std::path::PathBuf>,
+}
+
+struct Fleet {
+    _proc: Proc,
+    addrs: Vec<String>,
+}
+
+async fn start_fleet(a: &CompareArgs, dir: &Path, tag: &str) -> anyhow::Result<Fleet> {
+    let mut cmd = Command::new(sibling("enginesim")?);
+    let mut addrs = Vec::new();
+    for _ in 0..a.ranks {
+        let p = free_port()?;
+        addrs.push(format!("127.0.0.1:{p}"));
+        cmd.arg("--listen").arg(format!("127.0.0.1:{p}"));
+    }
+    cmd.args([
+        "--speed",
+        &a.speed.to_string(),
+        "--capacity-tokens",
+        &a.capacity_tokens.to_string(),
+        "--prefill-tps",
+        &a.prefill_tps.to_string(),
+    ]);
+    let proc = spawn("enginesim", cmd, &dir.join(format!("enginesim-{tag}.log")))?;
+    for a in &addrs {
+        wait_port(a.parse()?, "enginesim").await?;
+    }
+    Ok(Fleet { _proc: proc, addrs })
+}
+
+async fn start_router(
+    dir: &Path,
+    fleet: &Fleet,
+    policy: &str,
+    capacity: u64,
+) -> anyhow::Result<(Proc, String)> {
+    let port = free_port()?;
+    let mut toml =
+        format!("listen = \"127.0.0.1:{port}\"\npolicy = \"{policy}\"\n[log]\nlevel = \"warn\"\n");
+    for u in &fleet.addrs {
+        toml.push_str(&format!(
+            "[[upstreams]]\nurl = \"http://{u}\"\ncapacity_tokens = {capacity}\n"
+        ));
+    }
+    let cfg = dir.join(format!("router-{policy}.toml"));
+    std::fs::write(&cfg, toml)?;
+    let mut cmd = Command::new(sibling("router")?);
+    cmd.arg("--config").arg(&cfg);
+    let p = spawn("router", cmd, &dir.join(format!("router-{policy}.log")))?;
+    wait_port(SocketAddr::from(([127, 0, 0, 1], port)), "router").await?;
+    Ok((p, format!("http://127.0.0.1:{port}")))
+}
+
+fn params(a: &CompareArgs, url: String, salt: u64) -> Params {
+    Params {
+        urls: vec![url],
+        developers: a.developers,
+        duration: Duration::from_secs(a.duration),
+        scale: a.scale,
+        time_scale: a.speed,
+        seed: a.seed,
+        salt,
+        session_ids: false,
+        kind: a.workload,
+        model: "sim-model".into(),
+        progress: true,
+        api_key: None,
+    }
+}
+
+/// Runs the comparison and prints the table.
+pub async fn run(a: CompareArgs) -> anyhow::Result<Vec<Report>> {
+    let tmp;
+    let dir = match &a.workdir {
+        Some(d) => {
+            std::fs::create_dir_all(d)?;
+            d.clone()
+        }
+        None => {
+            tmp = std::env::temp_dir().join(format!("routerbench-{}", std::process::id()));
+            std::fs::create_dir_all(&tmp)?;
+            tmp
+        }
+    };
+    let mut reports = Vec::new();
+    let salt0 = crate::fresh_salt();
+    if !a.no_nginx {
+        eprintln!("== nginx least_conn");
+        let fleet = start_fleet(&a, &dir, "nginx").await?;
+        let port = free_port()?;
+        let _nginx = start_nginx(&dir, port, &fleet.addrs).await?;
+        let r = workload::run(
+            params(&a, format!("http://127.0.0.1:{port}"), salt0),
+            "nginx least_conn",
+        )
+        .await?;
+        reports.push(r);
+    }
+    for (i, policy) in a.policies.iter().enumerate() {
+        eprintln!("== router policy {policy}");
+        let fleet = start_fleet(&a, &dir, policy).await?;
+        let (_router, url) = start_router(&dir, &fleet, policy, a.capacity_tokens).await?;
+        let mut r = workload::run(
+            params(&a, url, salt0.wrapping_add(i as u64 + 1)),
+            &format!("router {policy}"),
+        )
+        .await?;
+        r.label = format!("router {policy}");
+        reports.push(r);
+    }
+    println!(
+        "\nworkload {:?}: {} developers, {} ranks, {} s per run, scale {}, speed {}x, KV {} tokens/rank\n",
+        a.workload, a.developers, a.ranks, a.duration, a.scale, a.speed, a.capacity_tokens
+    );
+    print!(
+        "{}",
+        workload::table(&reports, (!a.no_nginx).then_some("nginx least_conn"))
+    );
+    if let Some(p) = &a.json {
+        std::fs::write(p, serde_json::to_vec_pretty(&reports)?)?;
+    }
+    Ok(reports)
+}

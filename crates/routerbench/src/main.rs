@@ -1,0 +1,167 @@
+//! `routerbench`: workloads, comparisons and simulations for the router.
+
+mod compare;
+mod fleet;
+mod procs;
+mod proxy;
+mod rng;
+mod workload;
+
+use clap::{Parser, Subcommand};
+use router_core::{Policy, ScoreParams};
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(name = "routerbench", version, about = "Benchmarks for the LLM router")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a seeded agent workload against one or more URLs (a random one per turn).
+    Agent(AgentArgs),
+    /// Start an engine-sim fleet and compare router policies and nginx on one workload.
+    Compare(compare::CompareArgs),
+    /// Logical-time simulation of the router's scoring at 10, 40 and 128 replicas.
+    FleetSim(FleetArgs),
+    /// Request-path overhead: direct vs router vs nginx.
+    Proxy(proxy::ProxyArgs),
+}
+
+#[derive(clap::Args)]
+struct AgentArgs {
+    /// Router URLs, comma-separated; each turn goes to a random one (DNS round-robin).
+    #[arg(long, value_delimiter = ',', required = true)]
+    url: Vec<String>,
+    /// Concurrent developers.
+    #[arg(long, default_value_t = 8)]
+    developers: usize,
+    /// Seconds to run.
+    #[arg(long, default_value_t = 60)]
+    duration: u64,
+    /// Prompt size factor (1.0 = 18k-token harness prompts).
+    #[arg(long, default_value_t = 0.25)]
+    scale: f64,
+    /// Divides tool gaps (use the engines' speed factor).
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+    /// Structure seed.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Salt (default: fresh per run).
+    #[arg(long)]
+    salt: Option<u64>,
+    /// Send X-Session-ID headers.
+    #[arg(long)]
+    session_ids: bool,
+    /// Workload family.
+    #[arg(long, value_enum, default_value_t = workload::Kind::Agent)]
+    workload: workload::Kind,
+    /// Model name.
+    #[arg(long, default_value = "sim-model")]
+    model: String,
+    /// API key for the router.
+    #[arg(long, env = "ROUTER_API_KEY")]
+    api_key: Option<String>,
+    /// Write the report as JSON.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct FleetArgs {
+    /// Replica counts.
+    #[arg(long, value_delimiter = ',', default_value = "10,40,128")]
+    replicas: Vec<usize>,
+    /// Policies.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "prefix,load,round_robin,session"
+    )]
+    policies: Vec<String>,
+    /// Seed.
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// Write rows as JSON.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+}
+
+/// A salt nobody used before: time and pid.
+pub fn fresh_salt() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    t ^ (u64::from(std::process::id()) << 32)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    match Cli::parse().cmd {
+        Cmd::Agent(a) => {
+            let p = workload::Params {
+                urls: a
+                    .url
+                    .iter()
+                    .map(|u| u.trim_end_matches('/').to_owned())
+                    .collect(),
+                developers: a.developers,
+                duration: Duration::from_secs(a.duration),
+                scale: a.scale,
+                time_scale: a.time_scale,
+                seed: a.seed,
+                salt: a.salt.unwrap_or_else(fresh_salt),
+                session_ids: a.session_ids,
+                kind: a.workload,
+                model: a.model,
+                progress: true,
+                api_key: a.api_key,
+            };
+            let r = workload::run(p, "agent").await?;
+            print!("{}", workload::table(std::slice::from_ref(&r), None));
+            if let Some(j) = a.json {
+                std::fs::write(j, serde_json::to_vec_pretty(&r)?)?;
+            }
+        }
+        Cmd::Compare(c) => {
+            compare::run(c).await?;
+        }
+        Cmd::FleetSim(f) => {
+            let mut rows = Vec::new();
+            println!(
+                "{:<9} {:<12} {:>11} {:>9}",
+                "replicas", "policy", "stickiness", "hit rate"
+            );
+            for &n in &f.replicas {
+                for p in &f.policies {
+                    let policy =
+                        Policy::parse(p).ok_or_else(|| anyhow::anyhow!("unknown policy {p}"))?;
+                    let row = fleet::simulate(
+                        fleet::Shape::standard(n, f.seed),
+                        policy,
+                        &ScoreParams::default(),
+                    );
+                    println!(
+                        "{:<9} {:<12} {:>10.1}% {:>8.1}%",
+                        row.replicas,
+                        row.policy,
+                        row.stickiness * 100.0,
+                        row.hit_rate * 100.0
+                    );
+                    rows.push(row);
+                }
+            }
+            if let Some(j) = f.json {
+                std::fs::write(j, serde_json::to_vec_pretty(&rows)?)?;
+            }
+        }
+        Cmd::Proxy(p) => {
+            proxy::run(p).await?;
+        }
+    }
+    Ok(())
+}

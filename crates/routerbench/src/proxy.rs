@@ -1,0 +1,206 @@
+//! `routerbench proxy`: what the router adds on the request path. A fast in-process
+//! upstream answers at once; the same requests go to it directly, through `router` and
+//! through nginx (least_conn), interleaved in one run so machine noise hits all three.
+
+use crate::procs::{free_port, sibling, spawn, start_nginx, wait_port};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::service::service_fn;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Settings.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ProxyArgs {
+    /// Sequential requests per target for the latency test (150 KB prompts).
+    #[arg(long, default_value_t = 1000)]
+    pub latency_requests: usize,
+    /// Seconds per target for the throughput test (40 KB prompts).
+    #[arg(long, default_value_t = 8)]
+    pub throughput_secs: u64,
+    /// Concurrent connections for the throughput test.
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+    /// Write the figures as JSON.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+}
+
+async fn upstream() -> anyhow::Result<SocketAddr> {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = l.local_addr()?;
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = l.accept().await else {
+                continue;
+            };
+            let _ = s.set_nodelay(true);
+            tokio::spawn(async move {
+                let svc = service_fn(|req: http::Request<hyper::body::Incoming>| async move {
+                    let _ = req.into_body().collect().await;
+                    let body = r#"{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":10000,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":9000}}}"#;
+                    Ok::<_, Infallible>(
+                        http::Response::builder()
+                            .header("content-type", "application/json")
+                            .body(Full::new(Bytes::from_static(body.as_bytes())))
+                            .unwrap_or_default(),
+                    )
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    Ok(addr)
+}
+
+fn chat_body(bytes: usize, salt: u64) -> Bytes {
+    let mut rng = crate::rng::Rng::new(salt);
+    let sys = crate::rng::text(&mut rng, bytes / 8);
+    let user = crate::rng::text(&mut rng, bytes / 8);
+    Bytes::from(
+        serde_json::to_vec(&serde_json::json!({"model":"m","messages":[{"role":"system","content":sys},{"role":"user","content":user}],"max_tokens":1}))
+            .unwrap_or_default(),
+    )
+}
+
+type C = Client<HttpConnector, Full<Bytes>>;
+
+async fn once(c: &C, url: &str, body: &Bytes) -> anyhow::Result<()> {
+    let req = http::Request::post(url)
+        .header("content-type", "application/json")
+        .body(Full::new(body.clone()))?;
+    let resp = c.request(req).await?;
+    anyhow::ensure!(resp.status().is_success(), "status {}", resp.status());
+    resp.into_body().collect().await?;
+    Ok(())
+}
+
+fn pct(v: &mut [f64], q: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+/// Runs both tests and prints the figures.
+pub async fn run(a: ProxyArgs) -> anyhow::Result<serde_json::Value> {
+    let dir = std::env::temp_dir().join(format!("routerbench-proxy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let up = upstream().await?;
+    let rport = free_port()?;
+    let cfg = dir.join("router.toml");
+    std::fs::write(&cfg, format!("listen = \"127.0.0.1:{rport}\"\n[log]\nlevel = \"warn\"\n[health]\ninterval_ms = 60000\n[[upstreams]]\nurl = \"http://{up}\"\n"))?;
+    let mut cmd = Command::new(sibling("router")?);
+    cmd.arg("--config").arg(&cfg);
+    let _router = spawn("router", cmd, &dir.join("router.log"))?;
+    wait_port(SocketAddr::from(([127, 0, 0, 1], rport)), "router").await?;
+    let nport = free_port()?;
+    let _nginx = start_nginx(&dir, nport, &[up.to_string()]).await?;
+    let targets = [
+        ("direct", format!("http://{up}/v1/chat/completions")),
+        (
+            "router",
+            format!("http://127.0.0.1:{rport}/v1/chat/completions"),
+        ),
+        (
+            "nginx",
+            format!("http://127.0.0.1:{nport}/v1/chat/completions"),
+        ),
+    ];
+    let client: C = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+
+    // Latency: 150 KB prompts, one at a time, the three targets interleaved.
+    let big: Vec<Bytes> = (0..16).map(|i| chat_body(150_000, i)).collect();
+    for (_, url) in &targets {
+        for b in big.iter().take(20) {
+            once(&client, url, b).await?;
+        }
+    }
+    let mut lat: Vec<Vec<f64>> = vec![Vec::new(); 3];
+    for i in 0..a.latency_requests {
+        for (t, (_, url)) in targets.iter().enumerate() {
+            let b = &big[i % big.len()];
+            let s = Instant::now();
+            once(&client, url, b).await?;
+            lat[t].push(s.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    let p50: Vec<f64> = lat.iter_mut().map(|v| pct(v, 0.5)).collect();
+    let p99: Vec<f64> = lat.iter_mut().map(|v| pct(v, 0.99)).collect();
+
+    // Throughput: 40 KB prompts, `concurrency` clients for a fixed time per target.
+    let small: Arc<Vec<Bytes>> = Arc::new((0..64).map(|i| chat_body(40_000, 1000 + i)).collect());
+    let mut rps = Vec::new();
+    for (_, url) in &targets {
+        let count = Arc::new(AtomicU64::new(0));
+        let errors = Arc::new(AtomicU64::new(0));
+        let deadline = Instant::now() + Duration::from_secs(a.throughput_secs);
+        let tasks: Vec<_> = (0..a.concurrency)
+            .map(|w| {
+                let (client, url, small, count, errors) = (
+                    client.clone(),
+                    url.clone(),
+                    small.clone(),
+                    count.clone(),
+                    errors.clone(),
+                );
+                tokio::spawn(async move {
+                    let mut i = w;
+                    while Instant::now() < deadline {
+                        match once(&client, &url, &small[i % small.len()]).await {
+                            Ok(()) => count.fetch_add(1, Relaxed),
+                            Err(_) => errors.fetch_add(1, Relaxed),
+                        };
+                        i += 7;
+                    }
+                })
+            })
+            .collect();
+        let s = Instant::now();
+        for t in tasks {
+            let _ = t.await;
+        }
+        anyhow::ensure!(
+            errors.load(Relaxed) == 0,
+            "{url}: {} errors",
+            errors.load(Relaxed)
+        );
+        rps.push(count.load(Relaxed) as f64 / s.elapsed().as_secs_f64());
+    }
+    println!("\nrequest-path overhead ({} sequential 150 KB requests per target; {} s x {} connections of 40 KB for throughput)\n", a.latency_requests, a.throughput_secs, a.concurrency);
+    println!(
+        "{:<8} {:>10} {:>10} {:>12} {:>12} {:>10}",
+        "target", "p50 ms", "p99 ms", "added p50", "added p99", "req/s"
+    );
+    for (t, (name, _)) in targets.iter().enumerate() {
+        println!(
+            "{:<8} {:>10.3} {:>10.3} {:>12.3} {:>12.3} {:>10.0}",
+            name,
+            p50[t],
+            p99[t],
+            p50[t] - p50[0],
+            p99[t] - p99[0],
+            rps[t]
+        );
+    }
+    println!("\nrouter added p50: {:.3} ms (target <= 0.5); router / nginx throughput: {:.2}x (target >= 0.8)", p50[1] - p50[0], rps[1] / rps[2]);
+    let v = serde_json::json!({
+        "latency_ms": {"direct": {"p50": p50[0], "p99": p99[0]}, "router": {"p50": p50[1], "p99": p99[1]}, "nginx": {"p50": p50[2], "p99": p99[2]}},
+        "router_added_p50_ms": p50[1] - p50[0], "router_added_p99_ms": p99[1] - p99[0],
+        "nginx_added_p50_ms": p50[2] - p50[0],
+        "rps": {"direct": rps[0], "router": rps[1], "nginx": rps[2]},
+        "router_over_nginx_rps": rps[1] / rps[2],
+    });
+    if let Some(p) = &a.json {
+        std::fs::write(p, serde_json::to_vec_pretty(&v)?)?;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(v)
+}

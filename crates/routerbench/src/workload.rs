@@ -1,0 +1,614 @@
+//! The seeded coding-agent workload and its report.
+//!
+//! Structure (which harness, which repo, how many turns, tool result sizes, gaps) comes
+//! from `--seed`; a fresh salt at the head of every harness prompt keeps a run from
+//! inheriting another run's cache.
+
+use crate::rng::{text, Rng};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Workload families (see README).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// Coding agents: ~30-turn tasks, 2 s tool gaps, sub-agents, compaction.
+    Agent,
+    /// Long trajectories with long tool gaps.
+    Long,
+    /// Short rollouts of a few turns.
+    Short,
+    /// Single-turn pass@k batches sharing a prompt.
+    Batch,
+    /// Agents plus bulk batch traffic.
+    Mixed,
+}
+
+/// Knobs of one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Params {
+    /// Router or engine base URLs; one is picked at random per turn.
+    pub urls: Vec<String>,
+    /// Concurrent developers.
+    pub developers: usize,
+    /// Wall-clock length of the run.
+    pub duration: Duration,
+    /// Multiplies every prompt size (fit runs to this machine).
+    pub scale: f64,
+    /// Divides every think/tool gap (match the engine's speed factor).
+    pub time_scale: f64,
+    /// Structure seed.
+    pub seed: u64,
+    /// Salt for this run (fresh by default).
+    pub salt: u64,
+    /// Send `X-Session-ID`.
+    pub session_ids: bool,
+    /// Family.
+    pub kind: Kind,
+    /// Model name.
+    pub model: String,
+    /// Print a progress line every few seconds.
+    pub progress: bool,
+    /// Bearer token for the router.
+    pub api_key: Option<String>,
+}
+
+/// One finished turn.
+#[derive(Debug, Clone, Default)]
+struct Turn {
+    conv: u64,
+    ok: bool,
+    err: Option<String>,
+    ttft: Option<Duration>,
+    itl: Option<Duration>,
+    prompt_tokens: u64,
+    cached_tokens: u64,
+    oracle_tokens: u64,
+    rank: Option<String>,
+}
+
+/// The report.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Report {
+    /// Label of the run (policy or router).
+    pub label: String,
+    /// Turns completed without error.
+    pub turns: u64,
+    /// Turns per minute.
+    pub turns_per_min: f64,
+    /// Errors by kind.
+    pub errors: BTreeMap<String, u64>,
+    /// TTFT percentiles, seconds.
+    pub ttft_p50: f64,
+    /// p90.
+    pub ttft_p90: f64,
+    /// p99.
+    pub ttft_p99: f64,
+    /// Median inter-token latency, seconds.
+    pub itl_p50: f64,
+    /// Cached prompt tokens / prompt tokens, from the engines' usage.
+    pub cached_share: f64,
+    /// What an ideal router with an unbounded cache would have served from cache.
+    pub oracle_share: f64,
+    /// Turns on the same rank as their conversation's previous turn.
+    pub stickiness: f64,
+    /// Requests on the busiest rank / mean per rank.
+    pub balance_max_over_mean: f64,
+    /// Ranks that served at least one turn.
+    pub ranks_used: usize,
+    /// Prompt tokens sent.
+    pub prompt_tokens: u64,
+    /// Wall seconds.
+    pub seconds: f64,
+}
+
+struct Shared {
+    params: Params,
+    client: Client<HttpConnector, Full<Bytes>>,
+    harness: Vec<String>,
+    repos: Vec<String>,
+    deadline: Instant,
+    turns: Mutex<Vec<Turn>>,
+    oracle: Mutex<HashSet<u64>>,
+    next_conv: AtomicU64,
+    done: AtomicU64,
+}
+
+/// Runs the workload and returns its report.
+pub async fn run(params: Params, label: &str) -> anyhow::Result<Report> {
+    let mut rng = Rng::new(params.seed);
+    let scale = params.scale;
+    let sz = |rng: &mut Rng, base: f64, lo: f64, hi: f64| -> usize {
+        ((base * (lo + (hi - lo) * rng.f64())) * scale).max(16.0) as usize
+    };
+    let salt = format!("[run {:016x}] ", params.salt);
+    let harness: Vec<String> = (0..3)
+        .map(|_| {
+            let n = sz(&mut rng, 18_000.0, 0.7, 1.3);
+            format!("{salt}{}", text(&mut rng, n))
+        })
+        .collect();
+    let repos: Vec<String> = (0..6)
+        .map(|_| {
+            let n = sz(&mut rng, 6_000.0, 0.8, 1.2);
+            text(&mut rng, n)
+        })
+        .collect();
+    let mut conn = HttpConnector::new();
+    conn.set_nodelay(true);
+    let client = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(1024)
+        .build(conn);
+    let started = Instant::now();
+    let shared = Arc::new(Shared {
+        deadline: started + params.duration,
+        params: params.clone(),
+        client,
+        harness,
+        repos,
+        turns: Mutex::new(Vec::new()),
+        oracle: Mutex::new(HashSet::new()),
+        next_conv: AtomicU64::new(0),
+        done: AtomicU64::new(0),
+    });
+    let progress = params.progress.then(|| {
+        let s = shared.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                let t = s.turns.lock().map(|t| t.len()).unwrap_or(0);
+                eprintln!(
+                    "  [{label_}] {:>4.0}s  {t} turns",
+                    started.elapsed().as_secs_f64(),
+                    label_ = "run"
+                );
+            }
+        })
+    });
+    let mut tasks = Vec::new();
+    for d in 0..params.developers {
+        let s = shared.clone();
+        let dev_seed = params
+            .seed
+            .wrapping_mul(1_000_003)
+            .wrapping_add(d as u64 + 1);
+        let batch = match params.kind {
+            Kind::Batch => true,
+            Kind::Mixed => d % 2 == 1,
+            _ => false,
+        };
+        tasks.push(tokio::spawn(async move {
+            let mut rng = Rng::new(dev_seed);
+            // Stagger starts so developers do not move in lock step.
+            tokio::time::sleep(Duration::from_secs_f64(
+                rng.f64() * 2.0 / s.params.time_scale,
+            ))
+            .await;
+            if batch {
+                batch_developer(&s, &mut rng).await
+            } else {
+                agent_developer(&s, &mut rng).await
+            }
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    if let Some(p) = progress {
+        p.abort();
+    }
+    let turns = shared.turns.lock().map(|t| t.clone()).unwrap_or_default();
+    Ok(report(label, &turns, started.elapsed()))
+}
+
+fn shape(kind: Kind) -> (u64, u64, f64, f64) {
+    // (min turns, max turns, median gap s, long-pause probability)
+    match kind {
+        Kind::Long => (60, 100, 8.0, 0.03),
+        Kind::Short => (2, 5, 1.0, 0.0),
+        _ => (20, 40, 2.0, 0.01),
+    }
+}
+
+async fn agent_developer(s: &Arc<Shared>, rng: &mut Rng) {
+    let p = &s.params;
+    let (tmin, tmax, gap, pause) = shape(p.kind);
+    // Past this many tokens the agent compacts its context to a short summary.
+    let compact_at = (120_000.0 * p.scale) as usize;
+    while Instant::now() < s.deadline {
+        let h = rng.zipf(s.harness.len());
+        let r = rng.zipf(s.repos.len());
+        let conv = s.next_conv.fetch_add(1, Relaxed);
+        let task = text(rng, (200.0 * p.scale).max(8.0) as usize);
+        let mut msgs = vec![
+            serde_json::json!({"role": "system", "content": s.harness[h]}),
+            serde_json::json!({"role": "user", "content": format!("{}\n\nTask {conv}: {task}", s.repos[r])}),
+        ];
+        let turns = rng.range(tmin, tmax);
+        let mut ctx_tokens = (s.harness[h].len() + s.repos[r].len()) / 4;
+        for t in 0..turns {
+            if Instant::now() >= s.deadline {
+                return;
+            }
+            if t > 0 && rng.chance(0.04) {
+                let n = rng.range(1, 3);
+                let subs: Vec<_> = (0..n)
+                    .map(|i| {
+                        let s = s.clone();
+                        let mut sub_rng = Rng::new(rng.next_u64() ^ i);
+                        let harness = h;
+                        tokio::spawn(async move { sub_agent(&s, &mut sub_rng, harness).await })
+                    })
+                    .collect();
+                for sub in subs {
+                    let _ = sub.await;
+                }
+            }
+            let out = if rng.chance(0.15) {
+                rng.lognormal(900.0, 0.3)
+            } else {
+                rng.lognormal(120.0, 0.5)
+            };
+            let out = out.clamp(8.0, 2000.0) as u32;
+            let Some(reply) = turn(s, conv, &msgs, out).await else {
+                // A failed turn ends the task, as an agent would give up and restart.
+                break;
+            };
+            let call_id = format!("call_{conv}_{t}");
+            msgs.push(serde_json::json!({"role": "assistant", "content": reply,
+                "tool_calls": [{"id": call_id, "type": "function", "function": {"name": "bash", "arguments": format!("{{\"cmd\":\"step {t}\"}}")}}]}));
+            let tool = (rng.lognormal(1500.0, 0.9).min(16_000.0) * p.scale).max(8.0) as usize;
+            msgs.push(serde_json::json!({"role": "tool", "tool_call_id": call_id, "content": text(rng, tool)}));
+            ctx_tokens += tool + reply.len() / 4;
+            if ctx_tokens > compact_at {
+                let summary = text(rng, (2_000.0 * p.scale) as usize);
+                msgs.truncate(1);
+                msgs.push(serde_json::json!({"role": "user", "content": format!("Summary of the work so far: {summary}")}));
+                ctx_tokens = (s.harness[h].len() + summary.len()) / 4;
+            }
+            let g = if rng.chance(pause) {
+                rng.range(30, 120) as f64
+            } else {
+                rng.lognormal(gap, 0.7).min(60.0)
+            };
+            sleep_until_or_deadline(s, Duration::from_secs_f64(g / p.time_scale)).await;
+        }
+    }
+}
+
+async fn sub_agent(s: &Arc<Shared>, rng: &mut Rng, harness: usize) {
+    let p = &s.params;
+    let conv = s.next_conv.fetch_add(1, Relaxed);
+    let mut msgs = vec![
+        serde_json::json!({"role": "system", "content": s.harness[harness]}),
+        serde_json::json!({"role": "user", "content": format!("Sub-task {conv}: {}", text(rng, (300.0 * p.scale).max(8.0) as usize))}),
+    ];
+    for t in 0..rng.range(3, 8) {
+        if Instant::now() >= s.deadline {
+            return;
+        }
+        let Some(reply) = turn(
+            s,
+            conv,
+            &msgs,
+            rng.lognormal(80.0, 0.4).clamp(8.0, 400.0) as u32,
+        )
+        .await
+        else {
+            return;
+        };
+        msgs.push(serde_json::json!({"role": "assistant", "content": reply}));
+        let tool = (rng.lognormal(800.0, 0.8).min(8_000.0) * p.scale).max(8.0) as usize;
+        msgs.push(serde_json::json!({"role": "user", "content": format!("result {t}: {}", text(rng, tool))}));
+        sleep_until_or_deadline(
+            s,
+            Duration::from_secs_f64(rng.lognormal(1.5, 0.6) / p.time_scale),
+        )
+        .await;
+    }
+}
+
+/// pass@k: groups of k concurrent single-turn requests that share one prompt.
+async fn batch_developer(s: &Arc<Shared>, rng: &mut Rng) {
+    let p = &s.params;
+    while Instant::now() < s.deadline {
+        let h = rng.zipf(s.harness.len());
+        let problem = text(rng, (1_500.0 * p.scale).max(8.0) as usize);
+        let k = 8;
+        let group: Vec<_> = (0..k)
+            .map(|_| {
+                let s = s.clone();
+                let conv = s.next_conv.fetch_add(1, Relaxed);
+                let msgs = vec![
+                    serde_json::json!({"role": "system", "content": s.harness[h]}),
+                    serde_json::json!({"role": "user", "content": problem.clone()}),
+                ];
+                let out = rng.lognormal(200.0, 0.5).clamp(8.0, 1000.0) as u32;
+                tokio::spawn(async move { turn(&s, conv, &msgs, out).await })
+            })
+            .collect();
+        for g in group {
+            let _ = g.await;
+        }
+    }
+}
+
+async fn sleep_until_or_deadline(s: &Shared, d: Duration) {
+    let until = (Instant::now() + d).min(s.deadline);
+    tokio::time::sleep_until(until.into()).await;
+}
+
+/// Sends one turn, records it, returns the reply text.
+async fn turn(
+    s: &Shared,
+    conv: u64,
+    msgs: &[serde_json::Value],
+    max_tokens: u32,
+) -> Option<String> {
+    let p = &s.params;
+    let body = serde_json::json!({"model": p.model, "messages": msgs, "stream": true,
+        "stream_options": {"include_usage": true}, "max_tokens": max_tokens});
+    let oracle = oracle_tokens(s, &body);
+    let url =
+        &p.urls[(conv as usize + s.done.fetch_add(1, Relaxed) as usize * 7919) % p.urls.len()];
+    let mut b = http::Request::post(format!("{url}/v1/chat/completions"))
+        .header("content-type", "application/json");
+    if p.session_ids {
+        b = b.header("x-session-id", format!("conv-{:x}-{conv}", p.salt));
+    }
+    if let Some(k) = &p.api_key {
+        b = b.header("authorization", format!("Bearer {k}"));
+    }
+    let req = b
+        .body(Full::new(Bytes::from(serde_json::to_vec(&body).ok()?)))
+        .ok()?;
+    let mut rec = Turn {
+        conv,
+        oracle_tokens: oracle,
+        ..Default::default()
+    };
+    let started = Instant::now();
+    let result = tokio::time::timeout(Duration::from_secs(300), async {
+        let resp = s
+            .client
+            .request(req)
+            .await
+            .map_err(|e| format!("transport: {e}"))?;
+        if !resp.status().is_success() {
+            return Err(format!("http_{}", resp.status().as_u16()));
+        }
+        rec.rank = resp
+            .headers()
+            .get("x-engine-rank")
+            .or_else(|| resp.headers().get("x-router-rank"))
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let mut body = resp.into_body();
+        let mut buf = Vec::new();
+        let mut reply = String::new();
+        let mut first: Option<Instant> = None;
+        let mut last = started;
+        let mut tokens = 0u64;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| format!("stream: {e}"))?;
+            let Some(d) = frame.data_ref() else { continue };
+            buf.extend_from_slice(d);
+            while let Some(nl) = buf.windows(2).position(|w| w == b"\n\n") {
+                let ev: Vec<u8> = buf.drain(..nl + 2).collect();
+                let ev = String::from_utf8_lossy(&ev);
+                if ev.contains("event: error") {
+                    return Err("stream_error_event".into());
+                }
+                for line in ev.lines() {
+                    let Some(data) = line.strip_prefix("data: ") else {
+                        continue;
+                    };
+                    if data == "[DONE]" {
+                        continue;
+                    }
+                    let Ok(v) = serde_json::from_str::<serde_json::Value>(data) else {
+                        continue;
+                    };
+                    if let Some(c) = v["choices"][0]["delta"]["content"].as_str() {
+                        if !c.is_empty() {
+                            let now = Instant::now();
+                            first.get_or_insert(now);
+                            last = now;
+                            tokens += 1;
+                            reply.push_str(c);
+                        }
+                    }
+                    if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
+                        rec.prompt_tokens = u["prompt_tokens"].as_u64().unwrap_or(0);
+                        rec.cached_tokens = u["prompt_tokens_details"]["cached_tokens"]
+                            .as_u64()
+                            .unwrap_or(0);
+                    }
+                }
+            }
+        }
+        let first = first.ok_or_else(|| "empty_reply".to_string())?;
+        rec.ttft = Some(first - started);
+        if tokens > 1 {
+            rec.itl = Some((last - first) / (tokens as u32 - 1));
+        }
+        Ok(reply)
+    })
+    .await
+    .unwrap_or_else(|_| Err("timeout".into()));
+    let out = match result {
+        Ok(reply) => {
+            rec.ok = true;
+            Some(reply)
+        }
+        Err(e) => {
+            rec.err = Some(e.split(':').next().unwrap_or("error").to_owned());
+            None
+        }
+    };
+    if let Ok(mut t) = s.turns.lock() {
+        t.push(rec);
+    }
+    out
+}
+
+/// Tokens an ideal router with an unbounded cache would serve from cache: the longest
+/// prefix of this prompt, in whole engine blocks, that any earlier prompt had.
+fn oracle_tokens(s: &Shared, body: &serde_json::Value) -> u64 {
+    let Ok(rendered) = engine_sim::render_chat(body) else {
+        return 0;
+    };
+    let tokens = engine_sim::tokenize(rendered.as_bytes());
+    let hashes = engine_sim::cache::block_hashes(&tokens, 16);
+    let Ok(mut seen) = s.oracle.lock() else {
+        return 0;
+    };
+    let hit = hashes.iter().take_while(|h| seen.contains(h)).count();
+    seen.extend(hashes.iter().copied());
+    let mut cached = hit * 16;
+    if cached >= tokens.len() && cached > 0 {
+        cached -= 16;
+    }
+    cached as u64
+}
+
+fn pct(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+fn report(label: &str, turns: &[Turn], elapsed: Duration) -> Report {
+    let ok: Vec<&Turn> = turns.iter().filter(|t| t.ok).collect();
+    let mut errors = BTreeMap::new();
+    for t in turns.iter().filter(|t| !t.ok) {
+        *errors.entry(t.err.clone().unwrap_or_default()).or_insert(0) += 1;
+    }
+    let mut ttft: Vec<f64> = ok
+        .iter()
+        .filter_map(|t| t.ttft)
+        .map(|d| d.as_secs_f64())
+        .collect();
+    let mut itl: Vec<f64> = ok
+        .iter()
+        .filter_map(|t| t.itl)
+        .map(|d| d.as_secs_f64())
+        .collect();
+    let prompt: u64 = ok.iter().map(|t| t.prompt_tokens).sum();
+    let cached: u64 = ok.iter().map(|t| t.cached_tokens).sum();
+    let oracle: u64 = ok
+        .iter()
+        .map(|t| t.oracle_tokens.min(t.prompt_tokens))
+        .sum();
+    let mut last: HashMap<u64, &str> = HashMap::new();
+    let (mut same, mut follow) = (0u64, 0u64);
+    let mut per_rank: HashMap<&str, u64> = HashMap::new();
+    for t in &ok {
+        let Some(r) = t.rank.as_deref() else { continue };
+        *per_rank.entry(r).or_insert(0) += 1;
+        if let Some(prev) = last.insert(t.conv, r) {
+            follow += 1;
+            if prev == r {
+                same += 1;
+            }
+        }
+    }
+    let mean = if per_rank.is_empty() {
+        0.0
+    } else {
+        ok.len() as f64 / per_rank.len() as f64
+    };
+    let max = per_rank.values().copied().max().unwrap_or(0) as f64;
+    let secs = elapsed.as_secs_f64();
+    Report {
+        label: label.to_owned(),
+        turns: ok.len() as u64,
+        turns_per_min: ok.len() as f64 / secs * 60.0,
+        errors,
+        ttft_p50: pct(&mut ttft, 0.5),
+        ttft_p90: pct(&mut ttft, 0.9),
+        ttft_p99: pct(&mut ttft, 0.99),
+        itl_p50: pct(&mut itl, 0.5),
+        cached_share: if prompt == 0 {
+            0.0
+        } else {
+            cached as f64 / prompt as f64
+        },
+        oracle_share: if prompt == 0 {
+            0.0
+        } else {
+            oracle as f64 / prompt as f64
+        },
+        stickiness: if follow == 0 {
+            0.0
+        } else {
+            same as f64 / follow as f64
+        },
+        balance_max_over_mean: if mean == 0.0 { 0.0 } else { max / mean },
+        ranks_used: per_rank.len(),
+        prompt_tokens: prompt,
+        seconds: secs,
+    }
+}
+
+/// A human table of several reports, with ratios against `baseline` (a label).
+pub fn table(reports: &[Report], baseline: Option<&str>) -> String {
+    use std::fmt::Write;
+    let base = baseline.and_then(|b| reports.iter().find(|r| r.label == b));
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "{:<18} {:>7} {:>9} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8} {:>7} {:>7} {:>6} {:>7}",
+        "router",
+        "turns",
+        "turns/min",
+        "ttft50",
+        "ttft90",
+        "ttft99",
+        "itl50",
+        "cached%",
+        "oracle%",
+        "sticky%",
+        "bal",
+        "errors",
+        "x base"
+    );
+    for r in reports {
+        let errs: u64 = r.errors.values().sum();
+        let ratio = base.map_or(String::from("-"), |b| {
+            if b.turns_per_min > 0.0 {
+                format!("{:.2}x", r.turns_per_min / b.turns_per_min)
+            } else {
+                "-".into()
+            }
+        });
+        let _ = writeln!(
+            o,
+            "{:<18} {:>7} {:>9.1} {:>7.3} {:>7.3} {:>7.3} {:>7.4} {:>8.1} {:>8.1} {:>7.1} {:>7.2} {:>6} {:>7}",
+            r.label,
+            r.turns,
+            r.turns_per_min,
+            r.ttft_p50,
+            r.ttft_p90,
+            r.ttft_p99,
+            r.itl_p50,
+            r.cached_share * 100.0,
+            r.oracle_share * 100.0,
+            r.stickiness * 100.0,
+            r.balance_max_over_mean,
+            errs,
+            ratio
+        );
+    }
+    o
+}
