@@ -15,7 +15,7 @@ pub struct CompareArgs {
     #[arg(long, default_value_t = 8)]
     pub ranks: usize,
     /// Concurrent developers.
-    #[arg(long, default_value_t = 24)]
+    #[arg(long, default_value_t = 48)]
     pub developers: usize,
     /// Seconds per run.
     #[arg(long, default_value_t = 60)]
@@ -27,10 +27,10 @@ pub struct CompareArgs {
     #[arg(long, default_value_t = 10.0)]
     pub speed: f64,
     /// KV capacity per rank in tokens.
-    #[arg(long, default_value_t = 60_000)]
+    #[arg(long, default_value_t = 150_000)]
     pub capacity_tokens: u64,
     /// Engine prefill throughput (tokens/s of simulated time).
-    #[arg(long, default_value_t = 8_000.0)]
+    #[arg(long, default_value_t = 5_000.0)]
     pub prefill_tps: f64,
     /// Router policies to run.
     #[arg(long, value_delimiter = ',', default_value = "round_robin,load,prefix")]
