@@ -222,7 +222,7 @@ pub fn render_chat(body: &serde_json::Value) -> Result<String, String> {
         .ok_or("'messages' must be an array")?;
     let mut out = String::new();
     if let Some(tools) = body.get("tools").filter(|t| !t.is_null()) {
-        let _ = write!(out, "<|tools|>{tools}<|end|>\n");
+        let _ = writeln!(out, "<|tools|>{tools}<|end|>");
     }
     for (i, m) in msgs.iter().enumerate() {
         let role = m
@@ -501,6 +501,8 @@ pub async fn serve(st: Arc<PortState>, req: Request<Incoming>) -> Response<Body>
         .unwrap_or_default()
 }
 
+type Series = (&'static str, &'static str, fn(&RankStats) -> f64);
+
 fn metrics(st: &PortState) -> String {
     let ranks: Vec<&Arc<Rank>> = match &st.ranks {
         PortRanks::Single(r) => vec![r],
@@ -508,7 +510,7 @@ fn metrics(st: &PortState) -> String {
     };
     let mut o = String::new();
     let m = &st.cfg.model;
-    let gauges: [(&str, &str, fn(&RankStats) -> f64); 3] = [
+    let gauges: [Series; 3] = [
         ("vllm:num_requests_running", "gauge", |s| {
             s.running.load(Relaxed) as f64
         }),
@@ -519,7 +521,7 @@ fn metrics(st: &PortState) -> String {
             s.kv_usage_ppm.load(Relaxed) as f64 / 1e6
         }),
     ];
-    let counters: [(&str, &str, fn(&RankStats) -> f64); 6] = [
+    let counters: [Series; 6] = [
         ("vllm:prefix_cache_queries_total", "counter", |s| {
             s.prefix_queries.load(Relaxed) as f64
         }),

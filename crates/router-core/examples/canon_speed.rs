@@ -3,8 +3,21 @@ use router_core::{canonicalize, Endpoint, FingerprintConfig};
 use std::time::Instant;
 
 fn main() {
-    let n: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(150_000);
-    let words = ["fn ", "let ", "impl ", "match ", "self.", "Vec<u8> ", "\"quoted\" ", "tab\t", "nl\n"];
+    let n: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(150_000);
+    let words = [
+        "fn ",
+        "let ",
+        "impl ",
+        "match ",
+        "self.",
+        "Vec<u8> ",
+        "\"quoted\" ",
+        "tab\t",
+        "nl\n",
+    ];
     let mut s = String::new();
     let mut i = 0usize;
     while s.len() < n / 2 {
@@ -32,13 +45,25 @@ fn main() {
         let v: serde::de::IgnoredAny = serde_json::from_slice(&body).unwrap();
         std::hint::black_box(v);
     }
-    println!("skip-only (IgnoredAny): {:.1} us", t.elapsed().as_nanos() as f64 / iters as f64 / 1000.0);
+    println!(
+        "skip-only (IgnoredAny): {:.1} us",
+        t.elapsed().as_nanos() as f64 / iters as f64 / 1000.0
+    );
     let t = Instant::now();
     for _ in 0..iters {
         let v: Box<serde_json::value::RawValue> = serde_json::from_slice(&body).unwrap();
         std::hint::black_box(v);
     }
-    println!("raw value: {:.1} us", t.elapsed().as_nanos() as f64 / iters as f64 / 1000.0);
+    println!(
+        "raw value: {:.1} us",
+        t.elapsed().as_nanos() as f64 / iters as f64 / 1000.0
+    );
     let us = |x: u128| x as f64 / iters as f64 / 1000.0;
-    println!("{} bytes: parse {:.1} us, canonicalize {:.1} us, fingerprint {:.1} us", body.len(), us(tp), us(tc), us(tf));
+    println!(
+        "{} bytes: parse {:.1} us, canonicalize {:.1} us, fingerprint {:.1} us",
+        body.len(),
+        us(tp),
+        us(tc),
+        us(tf)
+    );
 }

@@ -161,14 +161,14 @@ pub async fn run(params: Params, label: &str) -> anyhow::Result<Report> {
     });
     let progress = params.progress.then(|| {
         let s = shared.clone();
+        let label = label.to_owned();
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_secs(5)).await;
                 let t = s.turns.lock().map(|t| t.len()).unwrap_or(0);
                 eprintln!(
-                    "  [{label_}] {:>4.0}s  {t} turns",
-                    started.elapsed().as_secs_f64(),
-                    label_ = "run"
+                    "  [{label}] {:>4.0}s  {t} turns",
+                    started.elapsed().as_secs_f64()
                 );
             }
         })
