@@ -163,10 +163,10 @@ mod tests {
     }
 
     const GOLDEN_LEN: usize = 166;
-    const GOLDEN_SEED: u64 = 0xc563_192c_31eb_71af;
+    const GOLDEN_SEED: u64 = 0x8e77_d137_277e_2b99;
     const GOLDEN_HASHES: [u64; 3] = [
-        0x0c18_2edc_8b48_919b,
-        0x6d1c_ef8f_dd80_8af2,
-        0x0d70_63db_8470_55a6,
+        0x054a_4c10_78fd_defa,
+        0xc81f_10e2_608c_c3f5,
+        0xc5be_0500_8f43_ddbf,
     ];
 }

@@ -52,6 +52,11 @@ impl HealthMachine {
         self.up
     }
 
+    /// Consecutive failures seen so far.
+    pub fn failure_streak(&self) -> u32 {
+        self.fails
+    }
+
     /// Feeds one observation; returns the transition it caused, if any.
     pub fn observe(&mut self, ok: bool, t: HealthThresholds) -> Option<HealthTransition> {
         if ok {

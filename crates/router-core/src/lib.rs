@@ -9,7 +9,7 @@ pub mod health;
 pub mod index;
 pub mod score;
 
-pub use canon::{canonicalize, CanonError, CanonicalPrompt, Endpoint};
+pub use canon::{canonicalize, canonicalize_json, CanonError, CanonicalPrompt, Endpoint};
 pub use fingerprint::{FingerprintConfig, Fingerprints};
 pub use health::{HealthMachine, HealthThresholds, HealthTransition};
 pub use index::{CacheModel, IndexStats, IndexView, RankId};

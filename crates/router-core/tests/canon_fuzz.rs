@@ -2,7 +2,7 @@
 //! not depend on key order or on fields that do not reach the prompt.
 
 use proptest::prelude::*;
-use router_core::{canonicalize, Endpoint, FingerprintConfig};
+use router_core::{canonicalize, canonicalize_json, Endpoint, FingerprintConfig};
 use serde_json::{Map, Value};
 
 fn arb_json() -> impl Strategy<Value = Value> {
@@ -109,15 +109,42 @@ proptest! {
         let a = serde_json::json!({"model": "m", "messages": msgs});
         // Rebuild with keys inserted in reverse order (serde_json's map sorts anyway, so
         // round-trip through text with a different layout) plus sampling fields.
-        let text = serde_json::to_string_pretty(&a).unwrap();
-        let mut b: Value = serde_json::from_str(&text).unwrap();
+        let mut b = a.clone();
         b["temperature"] = Value::from(temp);
         b["max_tokens"] = Value::from(max_tokens);
         b["stream"] = Value::Bool(true);
         b["user"] = Value::from("someone");
-        let ca = canonicalize(Endpoint::Chat, &a).unwrap();
-        let cb = canonicalize(Endpoint::Chat, &b).unwrap();
+        // Raw text in two layouts, with every non-ASCII char escaped in one of them.
+        let compact = serde_json::to_string(&a).unwrap();
+        let mut pretty = String::new();
+        for c in serde_json::to_string_pretty(&b).unwrap().chars() {
+            if c.is_ascii() {
+                pretty.push(c);
+            } else {
+                let mut units = [0u16; 2];
+                for u in c.encode_utf16(&mut units) {
+                    pretty.push_str(&format!("\\u{:04x}", u));
+                }
+            }
+        }
+        let ca = canonicalize_json(Endpoint::Chat, compact.as_bytes()).unwrap();
+        let cb = canonicalize_json(Endpoint::Chat, pretty.as_bytes()).unwrap();
         prop_assert_eq!(ca.bytes, cb.bytes);
+    }
+
+    #[test]
+    fn raw_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..600), v in arb_json()) {
+        for ep in ENDPOINTS {
+            let _ = canonicalize_json(ep, &bytes);
+            let text = serde_json::to_string(&v).unwrap();
+            let _ = canonicalize_json(ep, text.as_bytes());
+            // Truncated and spliced documents.
+            let cut = text.len() / 2;
+            let _ = canonicalize_json(ep, &text.as_bytes()[..cut]);
+            let mut spliced = text.as_bytes()[..cut].to_vec();
+            spliced.extend_from_slice(&bytes);
+            let _ = canonicalize_json(ep, &spliced);
+        }
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use crate::config::HealthConfig;
 use crate::state::RoutingState;
+use crate::topology::Upstream;
 use crate::UpstreamClient;
 use bytes::Bytes;
 use http_body_util::Full;
@@ -27,10 +28,17 @@ pub struct Observation {
 pub struct HealthReporter(mpsc::Sender<Observation>);
 
 impl HealthReporter {
-    /// Reports a result; drops it if the health task is behind (probes still run).
-    pub fn report(&self, url: &Arc<str>, ok: bool) {
+    /// Reports a result; drops it if the health task is behind (probes still run). A success
+    /// on an upstream with no failure streak changes nothing and is not sent.
+    pub fn report(&self, up: &Upstream, ok: bool) {
+        if ok && !up.suspect.load(Relaxed) {
+            return;
+        }
+        if !ok {
+            up.suspect.store(true, Relaxed);
+        }
         let _ = self.0.try_send(Observation {
-            url: url.clone(),
+            url: up.url.clone(),
             ok,
         });
     }
@@ -87,6 +95,9 @@ pub fn spawn(
                     up.up.store(true, Relaxed);
                 }
                 None => {}
+            }
+            if m.is_up() && m.failure_streak() == 0 {
+                up.suspect.store(false, Relaxed);
             }
         }
     });

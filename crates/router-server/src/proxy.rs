@@ -13,7 +13,9 @@ use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use router_core::{canonicalize, select, Candidate, Endpoint, Fingerprints, Reason, RouteInput};
+use router_core::{
+    canonicalize_json, select, Candidate, CanonError, Endpoint, Fingerprints, Reason, RouteInput,
+};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -233,15 +235,10 @@ async fn inference(
 ) -> Result<Response<RespBody>, ApiError> {
     let started = Instant::now();
     let (parts, body) = read_body(ctx, req).await?;
-    let json: serde_json::Value = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::bad_request(
-            "invalid_json",
-            format!("request body is not valid JSON: {e}"),
-        )
+    let canon = canonicalize_json(ep, &body).map_err(|e| match e {
+        CanonError::Json(_) => ApiError::bad_request("invalid_json", e.to_string()),
+        _ => ApiError::bad_request("invalid_request", e.to_string()),
     })?;
-    let canon = canonicalize(ep, &json)
-        .map_err(|e| ApiError::bad_request("invalid_request", e.to_string()))?;
-    drop(json);
     let fps = ctx.cfg.fingerprint.fingerprint(&canon.model, &canon.bytes);
     let session = session_of(&parts.headers, canon.session_id.as_deref());
     let topo = ctx.state.topology();
@@ -328,7 +325,7 @@ async fn send_with_retries<'a>(
         let resp = match res {
             Err(_) => {
                 ctx.metrics.attempt_failed("timeout", false);
-                ctx.health.report(&up.url, false);
+                ctx.health.report(up, false);
                 return Err(ApiError::upstream_timeout(format!(
                     "{} did not answer within {} ms",
                     up.url, cfg.timeouts.first_byte_ms
@@ -337,7 +334,7 @@ async fn send_with_retries<'a>(
             Ok(Err(e)) => {
                 let kind = if e.is_connect() { "connect" } else { "reset" };
                 ctx.metrics.attempt_failed(kind, more);
-                ctx.health.report(&up.url, false);
+                ctx.health.report(up, false);
                 last_err = format!("{}: {kind} error: {e}", up.url);
                 tracing::info!(upstream = %up.url, kind, error = %e, retry = more, "upstream attempt failed");
                 continue;
@@ -347,12 +344,12 @@ async fn send_with_retries<'a>(
         let status = resp.status();
         if status == StatusCode::BAD_GATEWAY || status == StatusCode::SERVICE_UNAVAILABLE {
             ctx.metrics.attempt_failed("status_502_503", more);
-            ctx.health.report(&up.url, false);
+            ctx.health.report(up, false);
             last_err = format!("{} answered {status}", up.url);
             tracing::info!(upstream = %up.url, %status, retry = more, "upstream refused");
             continue;
         }
-        ctx.health.report(&up.url, true);
+        ctx.health.report(up, true);
         if status.is_success() {
             if let Some((fps, session, rank_id)) = p.record {
                 ctx.metrics

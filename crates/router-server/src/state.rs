@@ -41,7 +41,9 @@ pub trait RoutingState: Send + Sync + 'static {
 /// Records buffered between the request path and the writer.
 const QUEUE: usize = 65_536;
 /// Records applied before a new view is published.
-const BATCH: usize = 512;
+const BATCH: usize = 4096;
+/// Shortest interval between two published views.
+const PUBLISH_EVERY: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Single-node state.
 pub struct LocalState {
@@ -90,6 +92,10 @@ async fn writer(
         let Some(s) = state.upgrade() else { return };
         s.view.store(Arc::new(model.view()));
         s.stats.store(Arc::new(model.stats()));
+        drop(s);
+        // Under load, let records pile up for a moment: one wakeup and one published view
+        // per millisecond instead of one per request. Follow-up turns come seconds later.
+        tokio::time::sleep(PUBLISH_EVERY).await;
     }
 }
 

@@ -20,6 +20,9 @@ pub struct Upstream {
     pub up: AtomicBool,
     /// Accepting new conversations (false while draining).
     pub accepting: AtomicBool,
+    /// Set while the health machine has a failure streak or the upstream is down: only
+    /// then are successes worth reporting (saves a cross-thread wakeup per request).
+    pub suspect: AtomicBool,
 }
 
 /// One KV cache: an upstream, or one data-parallel rank of it.
@@ -94,6 +97,7 @@ impl Topology {
                 base,
                 up: AtomicBool::new(true),
                 accepting: AtomicBool::new(true),
+                suspect: AtomicBool::new(false),
             });
             for d in 0..u.ranks {
                 let id = t.ranks.len() as RankId;
