@@ -18,6 +18,16 @@ fn main() {
         "tab\t",
         "nl\n",
     ];
+    let plain = std::env::args().nth(2).is_some_and(|a| a == "plain");
+    let words: Vec<&str> = if plain {
+        words
+            .iter()
+            .copied()
+            .filter(|w| !w.contains(['"', '\t', '\n']))
+            .collect()
+    } else {
+        words.to_vec()
+    };
     let mut s = String::new();
     let mut i = 0usize;
     while s.len() < n / 2 {

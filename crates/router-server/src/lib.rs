@@ -39,6 +39,7 @@ pub fn upstream_client(cfg: &Config) -> UpstreamClient {
         .pool_timer(TokioTimer::new())
         .pool_idle_timeout(Duration::from_secs(90))
         .pool_max_idle_per_host(1024)
+        .http1_writev(true)
         .build(conn)
 }
 

@@ -235,6 +235,7 @@ async fn inference(
 ) -> Result<Response<RespBody>, ApiError> {
     let started = Instant::now();
     let (parts, body) = read_body(ctx, req).await?;
+    let t_body = started.elapsed();
     let canon = canonicalize_json(ep, &body).map_err(|e| match e {
         CanonError::Json(_) => ApiError::bad_request("invalid_json", e.to_string()),
         _ => ApiError::bad_request("invalid_request", e.to_string()),
@@ -269,6 +270,12 @@ async fn inference(
     ) {
         ctx.tie.fetch_add(1, Relaxed);
     }
+    tracing::trace!(
+        body_us = t_body.as_micros() as u64,
+        decide_us = (started.elapsed() - t_body).as_micros() as u64,
+        bytes = body.len(),
+        "routed"
+    );
     let order: Vec<Arc<RankState>> = d.order.iter().map(|i| eligible[*i].clone()).collect();
     let mut first = true;
     send_with_retries(ctx, &parts, &body, &order, started, |rank| {

@@ -23,11 +23,20 @@ pub struct ProxyArgs {
     #[arg(long, default_value_t = 1000)]
     pub latency_requests: usize,
     /// Seconds per target for the throughput test (40 KB prompts).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 16)]
     pub throughput_secs: u64,
+    /// Prompt size for the latency test, bytes.
+    #[arg(long, default_value_t = 150_000)]
+    pub latency_bytes: usize,
+    /// Interleaved rounds the throughput time is split into (median per target).
+    #[arg(long, default_value_t = 4)]
+    pub rounds: usize,
     /// Concurrent connections for the throughput test.
     #[arg(long, default_value_t = 32)]
     pub concurrency: usize,
+    /// Keep the router's and nginx's logs.
+    #[arg(long)]
+    pub keep_logs: bool,
     /// Write the figures as JSON.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
@@ -89,6 +98,50 @@ fn pct(v: &mut [f64], q: f64) -> f64 {
     v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
+/// Requests per second from `concurrency` clients over `dur`.
+async fn throughput(
+    client: &C,
+    url: &str,
+    small: &Arc<Vec<Bytes>>,
+    concurrency: usize,
+    dur: Duration,
+) -> anyhow::Result<f64> {
+    let count = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + dur;
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|w| {
+            let (client, url, small, count, errors) = (
+                client.clone(),
+                url.to_owned(),
+                small.clone(),
+                count.clone(),
+                errors.clone(),
+            );
+            tokio::spawn(async move {
+                let mut i = w;
+                while Instant::now() < deadline {
+                    match once(&client, &url, &small[i % small.len()]).await {
+                        Ok(()) => count.fetch_add(1, Relaxed),
+                        Err(_) => errors.fetch_add(1, Relaxed),
+                    };
+                    i += 7;
+                }
+            })
+        })
+        .collect();
+    let s = Instant::now();
+    for t in tasks {
+        let _ = t.await;
+    }
+    anyhow::ensure!(
+        errors.load(Relaxed) == 0,
+        "{url}: {} errors",
+        errors.load(Relaxed)
+    );
+    Ok(count.load(Relaxed) as f64 / s.elapsed().as_secs_f64())
+}
+
 /// Runs both tests and prints the figures.
 pub async fn run(a: ProxyArgs) -> anyhow::Result<serde_json::Value> {
     let dir = std::env::temp_dir().join(format!("routerbench-proxy-{}", std::process::id()));
@@ -117,7 +170,7 @@ pub async fn run(a: ProxyArgs) -> anyhow::Result<serde_json::Value> {
     let client: C = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
 
     // Latency: 150 KB prompts, one at a time, the three targets interleaved.
-    let big: Vec<Bytes> = (0..16).map(|i| chat_body(150_000, i)).collect();
+    let big: Vec<Bytes> = (0..16).map(|i| chat_body(a.latency_bytes, i)).collect();
     for (_, url) in &targets {
         for b in big.iter().take(20) {
             once(&client, url, b).await?;
@@ -137,43 +190,25 @@ pub async fn run(a: ProxyArgs) -> anyhow::Result<serde_json::Value> {
 
     // Throughput: 40 KB prompts, `concurrency` clients for a fixed time per target.
     let small: Arc<Vec<Bytes>> = Arc::new((0..64).map(|i| chat_body(40_000, 1000 + i)).collect());
-    let mut rps = Vec::new();
-    for (_, url) in &targets {
-        let count = Arc::new(AtomicU64::new(0));
-        let errors = Arc::new(AtomicU64::new(0));
-        let deadline = Instant::now() + Duration::from_secs(a.throughput_secs);
-        let tasks: Vec<_> = (0..a.concurrency)
-            .map(|w| {
-                let (client, url, small, count, errors) = (
-                    client.clone(),
-                    url.clone(),
-                    small.clone(),
-                    count.clone(),
-                    errors.clone(),
-                );
-                tokio::spawn(async move {
-                    let mut i = w;
-                    while Instant::now() < deadline {
-                        match once(&client, &url, &small[i % small.len()]).await {
-                            Ok(()) => count.fetch_add(1, Relaxed),
-                            Err(_) => errors.fetch_add(1, Relaxed),
-                        };
-                        i += 7;
-                    }
-                })
-            })
-            .collect();
-        let s = Instant::now();
-        for t in tasks {
-            let _ = t.await;
+    // Several short rounds, targets interleaved, median per target: a noisy neighbour
+    // then hits every target alike instead of whichever ran at the wrong moment.
+    let rounds = a.rounds.max(1);
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
+    for _ in 0..rounds {
+        for (t, (_, url)) in targets.iter().enumerate() {
+            samples[t].push(
+                throughput(
+                    &client,
+                    url,
+                    &small,
+                    a.concurrency,
+                    Duration::from_secs_f64(a.throughput_secs as f64 / rounds as f64),
+                )
+                .await?,
+            );
         }
-        anyhow::ensure!(
-            errors.load(Relaxed) == 0,
-            "{url}: {} errors",
-            errors.load(Relaxed)
-        );
-        rps.push(count.load(Relaxed) as f64 / s.elapsed().as_secs_f64());
     }
+    let rps: Vec<f64> = samples.iter_mut().map(|v| pct(v, 0.5)).collect();
     println!("\nrequest-path overhead ({} sequential 150 KB requests per target; {} s x {} connections of 40 KB for throughput)\n", a.latency_requests, a.throughput_secs, a.concurrency);
     println!(
         "{:<8} {:>10} {:>10} {:>12} {:>12} {:>10}",
@@ -201,6 +236,10 @@ pub async fn run(a: ProxyArgs) -> anyhow::Result<serde_json::Value> {
     if let Some(p) = &a.json {
         std::fs::write(p, serde_json::to_vec_pretty(&v)?)?;
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    if a.keep_logs {
+        println!("logs kept in {}", dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     Ok(v)
 }
