@@ -138,6 +138,36 @@ pub struct IndexStats {
     pub sessions: u64,
 }
 
+/// One rank's part of a [`ModelSnapshot`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RankSnapshot {
+    /// Rank id.
+    pub rank: RankId,
+    /// KV capacity in tokens.
+    pub capacity: u64,
+    /// `(fingerprint, tick, tokens)`, most recent first.
+    pub entries: Vec<(u64, u64, u32)>,
+}
+
+/// Serializable image of a [`CacheModel`]; importing it gives the same digest.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ModelSnapshot {
+    /// Logical clock.
+    pub tick: u64,
+    /// Entry cap.
+    pub max_entries: u64,
+    /// Session cap.
+    pub max_sessions: u64,
+    /// Ranks with their LRU lists.
+    pub ranks: Vec<RankSnapshot>,
+    /// `(session, tick, rank)`.
+    pub sessions: Vec<(u64, u64, RankId)>,
+    /// Counter.
+    pub capacity_evictions: u64,
+    /// Counter.
+    pub cap_evictions: u64,
+}
+
 /// The single-writer model. See the module docs.
 #[derive(Clone)]
 pub struct CacheModel {
@@ -374,6 +404,79 @@ impl CacheModel {
             h.update(&r.to_le_bytes());
         }
         h.digest()
+    }
+
+    /// An image of the whole model.
+    pub fn export(&self) -> ModelSnapshot {
+        let mut ranks = Vec::new();
+        for (r, lru) in self.ranks.iter().enumerate() {
+            if !lru.present {
+                continue;
+            }
+            let mut entries = Vec::with_capacity(lru.entries as usize);
+            let mut cur = lru.head;
+            while cur != NIL {
+                let n = &self.nodes[cur as usize];
+                entries.push((n.hash, n.tick, n.tokens));
+                cur = n.next;
+            }
+            ranks.push(RankSnapshot {
+                rank: r as RankId,
+                capacity: lru.capacity,
+                entries,
+            });
+        }
+        let mut sessions: Vec<(u64, u64, RankId)> = self
+            .session_ticks
+            .iter()
+            .filter_map(|(s, t)| self.sessions.get(s).map(|r| (*s, *t, *r)))
+            .collect();
+        sessions.sort_unstable();
+        ModelSnapshot {
+            tick: self.tick,
+            max_entries: self.max_entries,
+            max_sessions: self.max_sessions,
+            ranks,
+            sessions,
+            capacity_evictions: self.capacity_evictions,
+            cap_evictions: self.cap_evictions,
+        }
+    }
+
+    /// Rebuilds a model from an image.
+    pub fn import(s: &ModelSnapshot) -> CacheModel {
+        let mut m = CacheModel::new(s.max_entries, s.max_sessions);
+        for r in &s.ranks {
+            m.set_capacity(r.rank, r.capacity);
+            // Oldest first, each pushed to the front: the list ends in the same order.
+            for &(hash, tick, tokens) in r.entries.iter().rev() {
+                let idx = m.nodes.len() as u32;
+                m.nodes.push(Node {
+                    hash,
+                    tick,
+                    rank: r.rank,
+                    tokens,
+                    prev: NIL,
+                    next: NIL,
+                });
+                m.slots.insert((hash, r.rank), idx);
+                let lru = &mut m.ranks[r.rank as usize];
+                lru.tokens += u64::from(tokens);
+                lru.entries += 1;
+                m.push_front(idx);
+                let mut holders = m.map.get(&hash).cloned().unwrap_or_default();
+                holders.push(r.rank);
+                m.map.insert(hash, holders);
+            }
+        }
+        for &(sid, tick, rank) in &s.sessions {
+            m.sessions.insert(sid, rank);
+            m.session_ticks.insert(sid, tick);
+        }
+        m.tick = s.tick;
+        m.capacity_evictions = s.capacity_evictions;
+        m.cap_evictions = s.cap_evictions;
+        m
     }
 
     fn unlink(&mut self, idx: u32) {

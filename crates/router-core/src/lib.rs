@@ -7,10 +7,12 @@ pub mod canon;
 pub mod fingerprint;
 pub mod health;
 pub mod index;
+pub mod machine;
 pub mod score;
 
 pub use canon::{canonicalize, canonicalize_json, CanonError, CanonicalPrompt, Endpoint};
 pub use fingerprint::{FingerprintConfig, Fingerprints};
 pub use health::{HealthMachine, HealthThresholds, HealthTransition};
-pub use index::{CacheModel, IndexStats, IndexView, RankId};
+pub use index::{CacheModel, IndexStats, IndexView, ModelSnapshot, RankId};
+pub use machine::{Command, Machine, MachineSnapshot, Outcome, RankLoad, Route};
 pub use score::{select, Candidate, Decision, Policy, Reason, RouteInput, ScoreParams};

@@ -6,7 +6,7 @@ use crate::config::Config;
 use crate::error::ApiError;
 use crate::health::HealthReporter;
 use crate::metrics::{Metrics, Route, UpstreamSample};
-use crate::state::{RouteRecord, RoutingState};
+use crate::state::RoutingState;
 use crate::topology::RankState;
 use crate::UpstreamClient;
 use bytes::Bytes;
@@ -361,7 +361,7 @@ async fn send_with_retries<'a>(
             if let Some((fps, session, rank_id)) = p.record {
                 ctx.metrics
                     .decision(p.reason, p.predicted_cached, fps.total_tokens);
-                ctx.state.record(RouteRecord {
+                ctx.state.record(router_core::Route {
                     rank: rank_id,
                     hashes: fps.hashes.clone(),
                     chunk_tokens: fps.chunk_tokens.clone(),

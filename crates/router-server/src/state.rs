@@ -2,29 +2,17 @@
 //! snapshot and hands its decision to a writer, never waiting for it.
 //!
 //! [`LocalState`] is the single-node implementation: one task owns the
-//! [`CacheModel`], applies decisions in batches and publishes a fresh [`IndexView`]
+//! [`Machine`] (the same state machine a Raft log drives), applies decisions in batches as
+//! `RecordRoutes` commands and publishes a fresh [`IndexView`]
 //! after each batch. A replicated implementation proposes the same records to a Raft log
 //! instead and publishes what the log applies.
 
 use crate::metrics::Metrics;
 use crate::topology::Topology;
 use arc_swap::ArcSwap;
-use router_core::{CacheModel, IndexStats, IndexView, RankId};
+use router_core::{Command, IndexStats, IndexView, Machine, Outcome, Route};
 use std::sync::Arc;
 use tokio::sync::mpsc;
-
-/// One routing decision to remember.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RouteRecord {
-    /// Rank that served the prompt.
-    pub rank: RankId,
-    /// The prompt's fingerprints.
-    pub hashes: Vec<u64>,
-    /// Tokens of each fingerprinted chunk.
-    pub chunk_tokens: Vec<u32>,
-    /// Session id hash, if any.
-    pub session: Option<u64>,
-}
 
 /// What the data plane needs from the routing state.
 pub trait RoutingState: Send + Sync + 'static {
@@ -33,7 +21,7 @@ pub trait RoutingState: Send + Sync + 'static {
     /// The current topology snapshot (lock-free).
     fn topology(&self) -> Arc<Topology>;
     /// Remembers a decision; never blocks (a full queue drops and counts).
-    fn record(&self, rec: RouteRecord);
+    fn record(&self, rec: Route);
     /// Index counters for metrics.
     fn index_stats(&self) -> IndexStats;
 }
@@ -50,7 +38,7 @@ pub struct LocalState {
     view: ArcSwap<IndexView>,
     topology: ArcSwap<Topology>,
     stats: ArcSwap<IndexStats>,
-    tx: mpsc::Sender<RouteRecord>,
+    tx: mpsc::Sender<Route>,
     metrics: Arc<Metrics>,
 }
 
@@ -62,15 +50,26 @@ impl LocalState {
         max_sessions: u64,
         metrics: Arc<Metrics>,
     ) -> Arc<LocalState> {
-        let mut model = CacheModel::new(max_entries, max_sessions);
-        for r in &topology.ranks {
-            model.set_capacity(r.id, r.capacity_tokens);
+        let mut model = Machine::new(max_entries, max_sessions);
+        for up in &topology.upstreams {
+            let ranks: Vec<_> = topology.ranks_of(up).collect();
+            let outcome = model.apply(&Command::JoinServer {
+                url: up.url.to_string(),
+                ranks: ranks.len() as u32,
+                capacity_tokens: ranks.first().map_or(1, |r| r.capacity_tokens),
+                weight: ranks.first().map_or(1.0, |r| r.weight),
+            });
+            // Rank ids are handed out densely in join order, as Topology::from_config does.
+            debug_assert_eq!(
+                outcome,
+                Outcome::Joined(ranks.iter().map(|r| r.id).collect())
+            );
         }
         let (tx, rx) = mpsc::channel(QUEUE);
         let state = Arc::new(LocalState {
             view: ArcSwap::from_pointee(model.view()),
             topology: ArcSwap::from_pointee(topology),
-            stats: ArcSwap::from_pointee(model.stats()),
+            stats: ArcSwap::from_pointee(model.model().stats()),
             tx,
             metrics,
         });
@@ -81,17 +80,16 @@ impl LocalState {
 
 async fn writer(
     state: std::sync::Weak<LocalState>,
-    mut model: CacheModel,
-    mut rx: mpsc::Receiver<RouteRecord>,
+    mut model: Machine,
+    mut rx: mpsc::Receiver<Route>,
 ) {
     let mut batch = Vec::with_capacity(BATCH);
     while rx.recv_many(&mut batch, BATCH).await > 0 {
-        for rec in batch.drain(..) {
-            model.record(rec.rank, &rec.hashes, &rec.chunk_tokens, rec.session);
-        }
+        let routes = std::mem::take(&mut batch);
+        model.apply(&Command::RecordRoutes { peer: 0, routes });
         let Some(s) = state.upgrade() else { return };
         s.view.store(Arc::new(model.view()));
-        s.stats.store(Arc::new(model.stats()));
+        s.stats.store(Arc::new(model.model().stats()));
         drop(s);
         // Under load, let records pile up for a moment: one wakeup and one published view
         // per millisecond instead of one per request. Follow-up turns come seconds later.
@@ -108,7 +106,7 @@ impl RoutingState for LocalState {
         self.topology.load_full()
     }
 
-    fn record(&self, rec: RouteRecord) {
+    fn record(&self, rec: Route) {
         if self.tx.try_send(rec).is_err() {
             self.metrics.record_dropped();
         }

@@ -1,0 +1,429 @@
+//! The replicated routing state as a pure state machine: commands in log order in, the same
+//! state out on every peer. A Raft log (router-cluster) feeds [`Machine::apply`]; the
+//! single-node router can use it directly.
+//!
+//! Everything that decides routing is here: the server topology (which URLs, which rank ids,
+//! capacities, weights, draining), the affinity index with its per-rank cache model, and
+//! the peers' latest load snapshots. Eviction is driven only by log order (the model's
+//! logical clock), so two peers that applied the same entries hold byte-identical state;
+//! [`Machine::digest`] proves it.
+
+use crate::index::{CacheModel, IndexView, ModelSnapshot, RankId};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use xxhash_rust::xxh3::Xxh3;
+
+/// One routing decision to remember.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Route {
+    /// Rank that served the prompt.
+    pub rank: RankId,
+    /// The prompt's fingerprints.
+    pub hashes: Vec<u64>,
+    /// Tokens of each fingerprinted chunk.
+    pub chunk_tokens: Vec<u32>,
+    /// Session id hash, if any.
+    pub session: Option<u64>,
+}
+
+/// One rank's load as one peer sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankLoad {
+    /// Rank.
+    pub rank: RankId,
+    /// Predicted uncached prompt tokens waiting for a first byte.
+    pub queued_prefill: u64,
+    /// Requests generating.
+    pub decodes: u64,
+}
+
+/// A state change. Applied in log order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Command {
+    /// A batch of routing decisions (and touches) from one peer.
+    RecordRoutes {
+        /// Proposing peer.
+        peer: u64,
+        /// Decisions, in the order the peer made them.
+        routes: Vec<Route>,
+    },
+    /// One peer's in-flight load per rank.
+    LoadSnapshot {
+        /// Reporting peer.
+        peer: u64,
+        /// The peer's wall clock in ms (readers ignore stale snapshots).
+        at_ms: u64,
+        /// Loads.
+        loads: Vec<RankLoad>,
+    },
+    /// An engine server joins (or changes its ranks' capacity and weight).
+    JoinServer {
+        /// Base URL.
+        url: String,
+        /// Data-parallel ranks behind it.
+        ranks: u32,
+        /// KV capacity per rank in tokens.
+        capacity_tokens: u64,
+        /// Relative speed.
+        weight: f64,
+    },
+    /// An engine server leaves: its ranks and their cache state are forgotten.
+    LeaveServer {
+        /// Base URL.
+        url: String,
+    },
+    /// Stop (or resume) sending new conversations to a server.
+    DrainServer {
+        /// Base URL.
+        url: String,
+        /// True to drain, false to resume.
+        draining: bool,
+    },
+}
+
+/// What applying a command says back to the proposer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    /// Applied.
+    Ok,
+    /// A server joined with these rank ids.
+    Joined(Vec<RankId>),
+    /// The command named something unknown or invalid; state unchanged.
+    Rejected(String),
+}
+
+/// A server in the topology.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Server {
+    /// Base URL.
+    pub url: String,
+    /// Its rank ids, in data-parallel order.
+    pub ranks: Vec<RankId>,
+    /// KV capacity per rank.
+    pub capacity_tokens: u64,
+    /// Relative speed.
+    pub weight: f64,
+    /// No new conversations.
+    pub draining: bool,
+}
+
+/// A peer's last load report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerLoad {
+    /// The peer's clock when it reported.
+    pub at_ms: u64,
+    /// Loads.
+    pub loads: Vec<RankLoad>,
+}
+
+/// The whole replicated state.
+#[derive(Clone)]
+pub struct Machine {
+    model: CacheModel,
+    servers: BTreeMap<String, Server>,
+    next_rank: RankId,
+    loads: BTreeMap<u64, PeerLoad>,
+}
+
+/// Serializable image of a [`Machine`], for Raft snapshots.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MachineSnapshot {
+    /// Cache model.
+    pub model: ModelSnapshot,
+    /// Topology.
+    pub servers: Vec<Server>,
+    /// Next rank id to hand out (ids are never reused).
+    pub next_rank: RankId,
+    /// Load reports.
+    pub loads: Vec<(u64, PeerLoad)>,
+}
+
+impl Machine {
+    /// An empty state.
+    pub fn new(max_entries: u64, max_sessions: u64) -> Self {
+        Machine {
+            model: CacheModel::new(max_entries, max_sessions),
+            servers: BTreeMap::new(),
+            next_rank: 0,
+            loads: BTreeMap::new(),
+        }
+    }
+
+    /// Applies one command.
+    pub fn apply(&mut self, cmd: &Command) -> Outcome {
+        match cmd {
+            Command::RecordRoutes { routes, .. } => {
+                for r in routes {
+                    self.model
+                        .record(r.rank, &r.hashes, &r.chunk_tokens, r.session);
+                }
+                Outcome::Ok
+            }
+            Command::LoadSnapshot { peer, at_ms, loads } => {
+                self.loads.insert(
+                    *peer,
+                    PeerLoad {
+                        at_ms: *at_ms,
+                        loads: loads.clone(),
+                    },
+                );
+                Outcome::Ok
+            }
+            Command::JoinServer {
+                url,
+                ranks,
+                capacity_tokens,
+                weight,
+            } => {
+                if *ranks == 0
+                    || *ranks > 1024
+                    || *capacity_tokens == 0
+                    || !(weight.is_finite() && *weight > 0.0)
+                {
+                    return Outcome::Rejected(format!(
+                        "invalid server {url}: ranks 1..=1024, capacity and weight positive"
+                    ));
+                }
+                if let Some(s) = self.servers.get_mut(url) {
+                    if s.ranks.len() as u32 == *ranks {
+                        s.capacity_tokens = *capacity_tokens;
+                        s.weight = *weight;
+                        for r in &s.ranks {
+                            self.model.set_capacity(*r, *capacity_tokens);
+                        }
+                        return Outcome::Joined(s.ranks.clone());
+                    }
+                    // A different rank count is a different server: start over.
+                    let old = self
+                        .servers
+                        .remove(url)
+                        .map(|s| s.ranks)
+                        .unwrap_or_default();
+                    for r in old {
+                        self.model.remove_rank(r);
+                    }
+                }
+                let ids: Vec<RankId> = (0..*ranks).map(|i| self.next_rank + i).collect();
+                self.next_rank += ranks;
+                for r in &ids {
+                    self.model.set_capacity(*r, *capacity_tokens);
+                }
+                self.servers.insert(
+                    url.clone(),
+                    Server {
+                        url: url.clone(),
+                        ranks: ids.clone(),
+                        capacity_tokens: *capacity_tokens,
+                        weight: *weight,
+                        draining: false,
+                    },
+                );
+                Outcome::Joined(ids)
+            }
+            Command::LeaveServer { url } => match self.servers.remove(url) {
+                Some(s) => {
+                    for r in s.ranks {
+                        self.model.remove_rank(r);
+                    }
+                    Outcome::Ok
+                }
+                None => Outcome::Rejected(format!("no server {url}")),
+            },
+            Command::DrainServer { url, draining } => match self.servers.get_mut(url) {
+                Some(s) => {
+                    s.draining = *draining;
+                    Outcome::Ok
+                }
+                None => Outcome::Rejected(format!("no server {url}")),
+            },
+        }
+    }
+
+    /// The affinity index for readers (O(1)).
+    pub fn view(&self) -> IndexView {
+        self.model.view()
+    }
+
+    /// The cache model.
+    pub fn model(&self) -> &CacheModel {
+        &self.model
+    }
+
+    /// Servers, by URL.
+    pub fn servers(&self) -> &BTreeMap<String, Server> {
+        &self.servers
+    }
+
+    /// Latest load report of each peer.
+    pub fn loads(&self) -> &BTreeMap<u64, PeerLoad> {
+        &self.loads
+    }
+
+    /// Digest of everything: equal on two peers exactly when their states are equal.
+    pub fn digest(&self) -> u64 {
+        let mut h = Xxh3::new();
+        h.update(&self.model.digest().to_le_bytes());
+        h.update(&self.next_rank.to_le_bytes());
+        for s in self.servers.values() {
+            h.update(s.url.as_bytes());
+            h.update(&[0]);
+            for r in &s.ranks {
+                h.update(&r.to_le_bytes());
+            }
+            h.update(&s.capacity_tokens.to_le_bytes());
+            h.update(&s.weight.to_bits().to_le_bytes());
+            h.update(&[u8::from(s.draining)]);
+        }
+        for (p, l) in &self.loads {
+            h.update(&p.to_le_bytes());
+            h.update(&l.at_ms.to_le_bytes());
+            for x in &l.loads {
+                h.update(&x.rank.to_le_bytes());
+                h.update(&x.queued_prefill.to_le_bytes());
+                h.update(&x.decodes.to_le_bytes());
+            }
+        }
+        h.digest()
+    }
+
+    /// An image for a snapshot.
+    pub fn snapshot(&self) -> MachineSnapshot {
+        MachineSnapshot {
+            model: self.model.export(),
+            servers: self.servers.values().cloned().collect(),
+            next_rank: self.next_rank,
+            loads: self.loads.iter().map(|(k, v)| (*k, v.clone())).collect(),
+        }
+    }
+
+    /// Rebuilds a machine from an image.
+    pub fn restore(s: &MachineSnapshot) -> Machine {
+        Machine {
+            model: CacheModel::import(&s.model),
+            servers: s
+                .servers
+                .iter()
+                .map(|x| (x.url.clone(), x.clone()))
+                .collect(),
+            next_rank: s.next_rank,
+            loads: s.loads.iter().cloned().collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn join(url: &str, ranks: u32) -> Command {
+        Command::JoinServer {
+            url: url.into(),
+            ranks,
+            capacity_tokens: 1000,
+            weight: 1.0,
+        }
+    }
+
+    fn routes(rank: RankId, seed: u64, n: u64) -> Command {
+        Command::RecordRoutes {
+            peer: 1,
+            routes: vec![Route {
+                rank,
+                hashes: (0..n).map(|i| seed * 1000 + i).collect(),
+                chunk_tokens: vec![100; n as usize],
+                session: Some(seed),
+            }],
+        }
+    }
+
+    fn log() -> Vec<Command> {
+        vec![
+            join("http://a", 2),
+            join("http://b", 1),
+            routes(0, 1, 5),
+            routes(1, 2, 8),
+            routes(2, 3, 4),
+            routes(0, 4, 9), // evicts part of seed 1 on rank 0 (capacity 1000 tokens)
+            Command::LoadSnapshot {
+                peer: 2,
+                at_ms: 10,
+                loads: vec![RankLoad {
+                    rank: 0,
+                    queued_prefill: 5,
+                    decodes: 1,
+                }],
+            },
+            Command::DrainServer {
+                url: "http://b".into(),
+                draining: true,
+            },
+            Command::LeaveServer {
+                url: "http://a".into(),
+            },
+            join("http://c", 1),
+        ]
+    }
+
+    #[test]
+    fn same_log_same_state() {
+        let mut a = Machine::new(100, 100);
+        let mut b = Machine::new(100, 100);
+        for c in log() {
+            assert_eq!(a.apply(&c), b.apply(&c));
+            assert_eq!(a.digest(), b.digest());
+        }
+        let mut c = Machine::new(100, 100);
+        for cmd in &log()[..5] {
+            c.apply(cmd);
+        }
+        assert_ne!(a.digest(), c.digest());
+    }
+
+    #[test]
+    fn topology_and_ids_are_never_reused() {
+        let mut m = Machine::new(100, 100);
+        assert_eq!(m.apply(&join("http://a", 2)), Outcome::Joined(vec![0, 1]));
+        assert_eq!(m.apply(&join("http://b", 1)), Outcome::Joined(vec![2]));
+        assert_eq!(
+            m.apply(&Command::LeaveServer {
+                url: "http://a".into()
+            }),
+            Outcome::Ok
+        );
+        assert_eq!(m.apply(&join("http://a", 1)), Outcome::Joined(vec![3]));
+        assert!(matches!(
+            m.apply(&Command::LeaveServer {
+                url: "http://x".into()
+            }),
+            Outcome::Rejected(_)
+        ));
+        assert!(matches!(
+            m.apply(&join("http://z", 0)),
+            Outcome::Rejected(_)
+        ));
+        // Re-joining with the same rank count keeps ids (capacity update).
+        assert_eq!(m.apply(&join("http://b", 1)), Outcome::Joined(vec![2]));
+        // Routes to a departed rank are ignored.
+        m.apply(&routes(0, 9, 3));
+        assert_eq!(m.model().stats().entries, 0);
+    }
+
+    #[test]
+    fn snapshot_round_trip_keeps_digest_and_behaviour() {
+        let mut a = Machine::new(100, 100);
+        for c in log() {
+            a.apply(&c);
+        }
+        let snap = a.snapshot();
+        let json = serde_json::to_vec(&snap).unwrap();
+        let back: MachineSnapshot = serde_json::from_slice(&json).unwrap();
+        let mut b = Machine::restore(&back);
+        assert_eq!(a.digest(), b.digest());
+        // Both go on identically, evictions included.
+        for c in [routes(2, 7, 12), routes(3, 8, 3), routes(2, 9, 6)] {
+            a.apply(&c);
+            b.apply(&c);
+            assert_eq!(a.digest(), b.digest());
+        }
+    }
+}
