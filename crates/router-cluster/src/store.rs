@@ -1,0 +1,408 @@
+//! Raft storage on sled: the log and vote on disk (flushed before openraft is told they are
+//! durable), the state machine in memory with snapshots persisted to sled, so a restarted
+//! peer rebuilds from its last snapshot plus the log after it.
+
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot};
+use openraft::{
+    Entry, EntryPayload, LogId, OptionalSend, RaftLogReader, RaftSnapshotBuilder, SnapshotMeta,
+    StorageError, StorageIOError, StoredMembership, Vote,
+};
+use router_core::{Command, Machine, MachineSnapshot, Outcome};
+use serde::{Deserialize, Serialize};
+use std::fmt::Debug;
+use std::io::Cursor;
+use std::ops::{Bound, RangeBounds};
+use std::sync::Arc;
+use tokio::sync::RwLock;
+
+openraft::declare_raft_types!(
+    /// The router cluster's Raft types.
+    pub TypeConfig:
+        D = Command,
+        R = Outcome,
+);
+
+/// Node ids (never reused).
+pub type NodeId = u64;
+/// Peer address record.
+pub type Node = openraft::BasicNode;
+type SErr = StorageError<NodeId>;
+
+fn key(index: u64) -> [u8; 8] {
+    index.to_be_bytes()
+}
+
+const VOTE: &str = "vote";
+const PURGED: &str = "last_purged";
+const COMMITTED: &str = "committed";
+const SNAPSHOT: &str = "snapshot";
+
+/// The Raft log and vote in sled.
+#[derive(Clone)]
+pub struct LogStore {
+    db: sled::Db,
+    logs: sled::Tree,
+    meta: sled::Tree,
+}
+
+impl LogStore {
+    /// Opens (or creates) the log in `db`.
+    pub fn open(db: &sled::Db) -> Result<LogStore, sled::Error> {
+        Ok(LogStore {
+            db: db.clone(),
+            logs: db.open_tree("raft_log")?,
+            meta: db.open_tree("raft_meta")?,
+        })
+    }
+
+    fn get_meta<T: for<'de> Deserialize<'de>>(&self, k: &str) -> Result<Option<T>, SErr> {
+        match self.meta.get(k).map_err(|e| StorageIOError::read(&e))? {
+            Some(v) => Ok(Some(
+                serde_json::from_slice(&v).map_err(|e| StorageIOError::read(&e))?,
+            )),
+            None => Ok(None),
+        }
+    }
+
+    async fn put_meta<T: Serialize>(&self, k: &str, v: &T) -> Result<(), SErr> {
+        let bytes = serde_json::to_vec(v).map_err(|e| StorageIOError::write(&e))?;
+        self.meta
+            .insert(k, bytes)
+            .map_err(|e| StorageIOError::write(&e))?;
+        self.db
+            .flush_async()
+            .await
+            .map_err(|e| StorageIOError::write(&e))?;
+        Ok(())
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry<TypeConfig>>, SErr> {
+        let start = match range.start_bound() {
+            Bound::Included(x) => *x,
+            Bound::Excluded(x) => x.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        let mut out = Vec::new();
+        for kv in self.logs.range(key(start)..) {
+            let (k, v) = kv.map_err(|e| StorageIOError::read_logs(&e))?;
+            let idx = u64::from_be_bytes(k.as_ref().try_into().unwrap_or([0; 8]));
+            if !range.contains(&idx) {
+                break;
+            }
+            out.push(serde_json::from_slice(&v).map_err(|e| StorageIOError::read_logs(&e))?);
+        }
+        Ok(out)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, SErr> {
+        let last_purged: Option<LogId<NodeId>> = self.get_meta(PURGED)?;
+        let last = match self
+            .logs
+            .last()
+            .map_err(|e| StorageIOError::read_logs(&e))?
+        {
+            Some((_, v)) => {
+                let e: Entry<TypeConfig> =
+                    serde_json::from_slice(&v).map_err(|e| StorageIOError::read_logs(&e))?;
+                Some(e.log_id)
+            }
+            None => last_purged,
+        };
+        Ok(LogState {
+            last_purged_log_id: last_purged,
+            last_log_id: last,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), SErr> {
+        self.put_meta(VOTE, vote).await
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, SErr> {
+        self.get_meta(VOTE)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<(), SErr> {
+        self.put_meta(COMMITTED, &committed).await
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, SErr> {
+        Ok(self.get_meta::<Option<LogId<NodeId>>>(COMMITTED)?.flatten())
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), SErr>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut batch = sled::Batch::default();
+        for e in entries {
+            let v = serde_json::to_vec(&e).map_err(|e| StorageIOError::write_logs(&e))?;
+            batch.insert(&key(e.log_id.index), v);
+        }
+        self.logs
+            .apply_batch(batch)
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        // Durable before openraft may count this entry towards a quorum.
+        let res = self
+            .db
+            .flush_async()
+            .await
+            .map(|_| ())
+            .map_err(std::io::Error::other);
+        let failed = res.as_ref().err().map(StorageIOError::write_logs);
+        callback.log_io_completed(res);
+        match failed {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+
+    async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), SErr> {
+        let keys: Vec<_> = self
+            .logs
+            .range(key(log_id.index)..)
+            .keys()
+            .collect::<Result<_, _>>()
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        for k in keys {
+            self.logs
+                .remove(k)
+                .map_err(|e| StorageIOError::write_logs(&e))?;
+        }
+        self.db
+            .flush_async()
+            .await
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        Ok(())
+    }
+
+    async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), SErr> {
+        self.put_meta(PURGED, &log_id).await?;
+        let keys: Vec<_> = self
+            .logs
+            .range(..=key(log_id.index))
+            .keys()
+            .collect::<Result<_, _>>()
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        for k in keys {
+            self.logs
+                .remove(k)
+                .map_err(|e| StorageIOError::write_logs(&e))?;
+        }
+        Ok(())
+    }
+}
+
+/// What a snapshot carries.
+#[derive(Serialize, Deserialize)]
+struct SnapshotFile {
+    meta: SnapshotMeta<NodeId, Node>,
+    machine: MachineSnapshot,
+}
+
+/// Called after each applied batch, under the state machine's lock.
+pub type OnApply = Arc<dyn Fn(&SmState) + Send + Sync>;
+
+/// State shared between the state machine and its snapshot builders.
+pub struct SmState {
+    /// The routing state.
+    pub machine: Machine,
+    /// Last applied log id.
+    pub last_applied: Option<LogId<NodeId>>,
+    /// Last membership.
+    pub membership: StoredMembership<NodeId, Node>,
+}
+
+/// The state machine: router-core's [`Machine`] behind a lock that only the Raft apply task
+/// and snapshot builders take (the request path reads published views instead).
+#[derive(Clone)]
+pub struct StateMachineStore {
+    /// Current state.
+    pub state: Arc<RwLock<SmState>>,
+    snapshots: sled::Tree,
+    db: sled::Db,
+    snapshot_seq: Arc<std::sync::atomic::AtomicU64>,
+    on_apply: Option<OnApply>,
+}
+
+impl StateMachineStore {
+    /// Opens the state machine, restoring the last snapshot persisted in `db`. `on_apply` is
+    /// called after every applied batch (to publish views to the request path).
+    pub fn open(
+        db: &sled::Db,
+        max_entries: u64,
+        max_sessions: u64,
+        on_apply: Option<OnApply>,
+    ) -> Result<StateMachineStore, SErr> {
+        let snapshots = db
+            .open_tree("raft_snapshot")
+            .map_err(|e| StorageIOError::read_state_machine(&e))?;
+        let mut st = SmState {
+            machine: Machine::new(max_entries, max_sessions),
+            last_applied: None,
+            membership: StoredMembership::default(),
+        };
+        if let Some(bytes) = snapshots
+            .get(SNAPSHOT)
+            .map_err(|e| StorageIOError::read_state_machine(&e))?
+        {
+            let f: SnapshotFile = serde_json::from_slice(&bytes)
+                .map_err(|e| StorageIOError::read_state_machine(&e))?;
+            st.machine = Machine::restore(&f.machine);
+            st.last_applied = f.meta.last_log_id;
+            st.membership = f.meta.last_membership;
+        }
+        Ok(StateMachineStore {
+            state: Arc::new(RwLock::new(st)),
+            snapshots,
+            db: db.clone(),
+            snapshot_seq: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+            on_apply,
+        })
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, SErr> {
+        // Copy under the read lock, serialize without it: apply waits only for the copy.
+        let (machine, last_applied, membership) = {
+            let st = self.state.read().await;
+            (
+                st.machine.snapshot(),
+                st.last_applied,
+                st.membership.clone(),
+            )
+        };
+        let seq = self
+            .snapshot_seq
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let snapshot_id = match last_applied {
+            Some(l) => format!("{}-{}-{seq}", l.leader_id, l.index),
+            None => format!("--{seq}"),
+        };
+        let meta = SnapshotMeta {
+            last_log_id: last_applied,
+            last_membership: membership,
+            snapshot_id,
+        };
+        let file = SnapshotFile {
+            meta: meta.clone(),
+            machine,
+        };
+        let bytes = serde_json::to_vec(&file)
+            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
+        self.snapshots
+            .insert(SNAPSHOT, bytes.clone())
+            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
+        self.db
+            .flush_async()
+            .await
+            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(bytes)),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = StateMachineStore;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, Node>), SErr> {
+        let st = self.state.read().await;
+        Ok((st.last_applied, st.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Outcome>, SErr>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut st = self.state.write().await;
+        let mut out = Vec::new();
+        for e in entries {
+            st.last_applied = Some(e.log_id);
+            match e.payload {
+                EntryPayload::Blank => out.push(Outcome::Ok),
+                EntryPayload::Normal(cmd) => out.push(st.machine.apply(&cmd)),
+                EntryPayload::Membership(m) => {
+                    st.membership = StoredMembership::new(Some(e.log_id), m);
+                    out.push(Outcome::Ok);
+                }
+            }
+        }
+        if let Some(f) = &self.on_apply {
+            f(&st);
+        }
+        Ok(out)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, SErr> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<NodeId, Node>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), SErr> {
+        let bytes = snapshot.into_inner();
+        let f: SnapshotFile = serde_json::from_slice(&bytes)
+            .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
+        {
+            let mut st = self.state.write().await;
+            st.machine = Machine::restore(&f.machine);
+            st.last_applied = meta.last_log_id;
+            st.membership = meta.last_membership.clone();
+            if let Some(cb) = &self.on_apply {
+                cb(&st);
+            }
+        }
+        self.snapshots
+            .insert(SNAPSHOT, bytes)
+            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
+        self.db
+            .flush_async()
+            .await
+            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, SErr> {
+        match self
+            .snapshots
+            .get(SNAPSHOT)
+            .map_err(|e| StorageIOError::read_state_machine(&e))?
+        {
+            Some(bytes) => {
+                let f: SnapshotFile = serde_json::from_slice(&bytes)
+                    .map_err(|e| StorageIOError::read_state_machine(&e))?;
+                Ok(Some(Snapshot {
+                    meta: f.meta,
+                    snapshot: Box::new(Cursor::new(bytes.to_vec())),
+                }))
+            }
+            None => Ok(None),
+        }
+    }
+}
