@@ -1,9 +1,12 @@
-//! The router cluster: openraft over sled storage replicating router-core's [`Machine`].
-//! (Network, membership and the admin service build on this; see issue 4.)
+//! The router cluster: openraft over sled storage and tonic, replicating router-core's
+//! [`Machine`]. Network, storage and a peer runtime live here; the router binary wires them
+//! in (issue 4).
 //!
 //! [`Machine`]: router_core::Machine
 
 // openraft's StorageError is large by design and every storage method returns it.
 #![allow(clippy::result_large_err)]
 
+pub mod network;
+pub mod node;
 pub mod store;

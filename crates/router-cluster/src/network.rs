@@ -1,0 +1,262 @@
+//! Raft RPCs over tonic: one cached channel per peer, a timeout per call, and the cluster id
+//! on every message so that a peer of another cluster is refused.
+
+use crate::store::{Node, NodeId, TypeConfig};
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::Raft;
+use router_proto::v1::peer_client::PeerClient;
+use router_proto::v1::peer_server::Peer;
+use router_proto::v1::RaftMessage;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Response, Status};
+
+/// Builds clients to peers, caching one channel per peer address.
+#[derive(Clone)]
+pub struct Network {
+    cluster_id: Arc<str>,
+    channels: Arc<Mutex<HashMap<String, Channel>>>,
+    connect_timeout: Duration,
+}
+
+impl Network {
+    /// A factory for the cluster `cluster_id`.
+    pub fn new(cluster_id: &str) -> Network {
+        Network {
+            cluster_id: Arc::from(cluster_id),
+            channels: Arc::new(Mutex::new(HashMap::new())),
+            connect_timeout: Duration::from_millis(500),
+        }
+    }
+
+    fn channel(&self, addr: &str) -> Result<Channel, String> {
+        let mut map = self
+            .channels
+            .lock()
+            .map_err(|_| "channel cache poisoned".to_string())?;
+        if let Some(c) = map.get(addr) {
+            return Ok(c.clone());
+        }
+        // Lazy: connects on first use and reconnects (with backoff) after failures.
+        let ch = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| e.to_string())?
+            .connect_timeout(self.connect_timeout)
+            .tcp_nodelay(true)
+            .connect_lazy();
+        map.insert(addr.to_owned(), ch.clone());
+        Ok(ch)
+    }
+}
+
+/// A client to one peer.
+pub struct PeerConn {
+    target: NodeId,
+    addr: String,
+    net: Network,
+}
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = PeerConn;
+
+    async fn new_client(&mut self, target: NodeId, node: &Node) -> PeerConn {
+        PeerConn {
+            target,
+            addr: node.addr.clone(),
+            net: self.clone(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Msg(String);
+impl std::fmt::Display for Msg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for Msg {}
+
+impl PeerConn {
+    async fn call<Req, Resp, E>(
+        &self,
+        kind: &'static str,
+        req: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<NodeId, Node, E>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let payload =
+            serde_json::to_vec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let ch = self
+            .net
+            .channel(&self.addr)
+            .map_err(|e| RPCError::Unreachable(Unreachable::new(&Msg(e))))?;
+        let mut client = PeerClient::new(ch)
+            .max_decoding_message_size(256 << 20)
+            .max_encoding_message_size(256 << 20);
+        let mut r = Request::new(RaftMessage {
+            cluster_id: self.net.cluster_id.to_string(),
+            payload,
+            error: String::new(),
+        });
+        r.set_timeout(option.hard_ttl());
+        let reply = match kind {
+            "vote" => client.vote(r).await,
+            "append" => client.append_entries(r).await,
+            _ => client.install_snapshot(r).await,
+        };
+        let reply = match reply {
+            Ok(r) => r.into_inner(),
+            Err(s) if s.code() == tonic::Code::Unavailable => {
+                return Err(RPCError::Unreachable(Unreachable::new(&Msg(s
+                    .message()
+                    .to_owned()))))
+            }
+            Err(s) => {
+                return Err(RPCError::Network(NetworkError::new(&Msg(format!(
+                    "{}: {}",
+                    s.code(),
+                    s.message()
+                )))))
+            }
+        };
+        if !reply.error.is_empty() {
+            return Err(RPCError::Network(NetworkError::new(&Msg(reply.error))));
+        }
+        let res: Result<Resp, E> = serde_json::from_slice(&reply.payload)
+            .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        res.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerConn {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Node, RaftError<NodeId>>> {
+        self.call("append", &rpc, &option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, Node, RaftError<NodeId, InstallSnapshotError>>,
+    > {
+        self.call("snapshot", &rpc, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Node, RaftError<NodeId>>> {
+        self.call("vote", &rpc, &option).await
+    }
+}
+
+/// The server side: hands each RPC to the local Raft after checking the cluster id.
+pub struct PeerService {
+    raft: Raft<TypeConfig>,
+    cluster_id: Arc<str>,
+}
+
+impl PeerService {
+    /// Serves `raft` for cluster `cluster_id`.
+    pub fn new(raft: Raft<TypeConfig>, cluster_id: &str) -> PeerService {
+        PeerService {
+            raft,
+            cluster_id: Arc::from(cluster_id),
+        }
+    }
+
+    fn check(&self, m: &RaftMessage) -> Result<(), Status> {
+        if !constant_time_eq(m.cluster_id.as_bytes(), self.cluster_id.as_bytes()) {
+            return Err(Status::permission_denied("wrong cluster id"));
+        }
+        Ok(())
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut d = a.len() ^ b.len();
+    for i in 0..a.len().max(b.len()) {
+        d |= usize::from(a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0));
+    }
+    d == 0
+}
+
+fn decode<T: DeserializeOwned>(m: &RaftMessage) -> Result<T, Status> {
+    serde_json::from_slice(&m.payload)
+        .map_err(|e| Status::invalid_argument(format!("bad payload: {e}")))
+}
+
+fn reply<T: Serialize>(v: &T) -> Result<Response<RaftMessage>, Status> {
+    let payload = serde_json::to_vec(v).map_err(|e| Status::internal(e.to_string()))?;
+    Ok(Response::new(RaftMessage {
+        cluster_id: String::new(),
+        payload,
+        error: String::new(),
+    }))
+}
+
+#[tonic::async_trait]
+impl Peer for PeerService {
+    async fn vote(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        let m = req.into_inner();
+        self.check(&m)?;
+        let r = self.raft.vote(decode(&m)?).await;
+        reply(&r)
+    }
+
+    async fn append_entries(
+        &self,
+        req: Request<RaftMessage>,
+    ) -> Result<Response<RaftMessage>, Status> {
+        let m = req.into_inner();
+        self.check(&m)?;
+        let r = self.raft.append_entries(decode(&m)?).await;
+        reply(&r)
+    }
+
+    async fn install_snapshot(
+        &self,
+        req: Request<RaftMessage>,
+    ) -> Result<Response<RaftMessage>, Status> {
+        let m = req.into_inner();
+        self.check(&m)?;
+        let r = self.raft.install_snapshot(decode(&m)?).await;
+        reply(&r)
+    }
+
+    async fn forward(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        let m = req.into_inner();
+        self.check(&m)?;
+        let cmd: router_core::Command = decode(&m)?;
+        match self.raft.client_write(cmd).await {
+            Ok(r) => reply(&r.data),
+            Err(e) => Ok(Response::new(RaftMessage {
+                cluster_id: String::new(),
+                payload: Vec::new(),
+                error: e.to_string(),
+            })),
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! Three peers in one process, talking real gRPC over loopback with sled on disk: writes
+//! through any peer (followers forward), identical state digests, leader loss and
+//! re-election, restart and catch-up (including from a snapshot after log purge).
+
+use router_cluster::node::{ClusterNode, NodeConfig};
+use router_core::{Command, Outcome, Route};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+fn free_addr() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+fn cfg(id: u64, addr: std::net::SocketAddr, dir: &std::path::Path) -> NodeConfig {
+    NodeConfig {
+        id,
+        listen: addr,
+        data_dir: dir.join(format!("n{id}")),
+        cluster_id: "test-cluster".into(),
+        heartbeat_ms: 50,
+        election_min_ms: 200,
+        election_max_ms: 400,
+        snapshot_every: 40,
+        keep_logs: 5,
+        max_entries: 100_000,
+        max_sessions: 1000,
+    }
+}
+
+fn routes(seed: u64) -> Command {
+    Command::RecordRoutes {
+        peer: seed % 3,
+        routes: (0..4)
+            .map(|i| Route {
+                rank: (seed % 2) as u32,
+                hashes: (0..10).map(|h| seed * 1000 + i * 100 + h).collect(),
+                chunk_tokens: vec![512; 10],
+                session: Some(seed),
+            })
+            .collect(),
+    }
+}
+
+async fn leader(nodes: &[&ClusterNode]) -> Option<u64> {
+    for n in nodes {
+        let m = n.raft.metrics().borrow().clone();
+        if m.current_leader == Some(n.id) {
+            return Some(n.id);
+        }
+    }
+    None
+}
+
+async fn wait_same(nodes: &[&ClusterNode], what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut digests = Vec::new();
+        let mut applied = Vec::new();
+        for n in nodes {
+            digests.push(n.digest().await);
+            applied.push(n.applied().await);
+        }
+        if digests.windows(2).all(|w| w[0] == w[1]) && applied.windows(2).all(|w| w[0] == w[1]) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: digests {digests:?} applied {applied:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicate_fail_over_and_catch_up() {
+    let dir = std::env::temp_dir().join(format!("router-3peers-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let addrs: Vec<_> = (0..3).map(|_| free_addr()).collect();
+    let mut nodes = Vec::new();
+    for i in 0..3u64 {
+        nodes.push(
+            ClusterNode::start(cfg(i + 1, addrs[i as usize], &dir), None)
+                .await
+                .unwrap(),
+        );
+    }
+    let members: BTreeMap<u64, openraft::BasicNode> = (0..3u64)
+        .map(|i| {
+            (
+                i + 1,
+                openraft::BasicNode::new(addrs[i as usize].to_string()),
+            )
+        })
+        .collect();
+    nodes[0].initialize(members).await.unwrap();
+    let t = Instant::now();
+    while leader(&nodes.iter().collect::<Vec<_>>()).await.is_none() {
+        assert!(t.elapsed() < Duration::from_secs(5), "no leader");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Writes through every peer; followers forward to the leader.
+    let joined = nodes[1]
+        .propose(Command::JoinServer {
+            url: "http://e1".into(),
+            ranks: 2,
+            capacity_tokens: 1_000_000,
+            weight: 1.0,
+        })
+        .await
+        .unwrap();
+    assert_eq!(joined, Outcome::Joined(vec![0, 1]));
+    for s in 0..60 {
+        let out = nodes[(s % 3) as usize].propose(routes(s)).await.unwrap();
+        assert_eq!(out, Outcome::Ok);
+    }
+    wait_same(&nodes.iter().collect::<Vec<_>>(), "after writes").await;
+    assert!(
+        nodes[0]
+            .sm
+            .state
+            .read()
+            .await
+            .machine
+            .model()
+            .stats()
+            .entries
+            > 0
+    );
+
+    // Kill the leader: the others elect a new one and keep taking writes.
+    let old = leader(&nodes.iter().collect::<Vec<_>>()).await.unwrap();
+    let idx = nodes.iter().position(|n| n.id == old).unwrap();
+    let dead = nodes.remove(idx);
+    dead.shutdown().await;
+    let t = Instant::now();
+    loop {
+        if let Some(l) = leader(&nodes.iter().collect::<Vec<_>>()).await {
+            assert_ne!(l, old);
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "no new leader");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let failover = t.elapsed();
+    for s in 100..160 {
+        nodes[(s % 2) as usize].propose(routes(s)).await.unwrap();
+    }
+    wait_same(&nodes.iter().collect::<Vec<_>>(), "survivors").await;
+
+    // Restart the old leader from its data dir: it catches up (its log was purged behind
+    // snapshots on the others, so this exercises snapshot install too).
+    let back = ClusterNode::start(cfg(old, addrs[(old - 1) as usize], &dir), None)
+        .await
+        .unwrap();
+    nodes.push(back);
+    wait_same(&nodes.iter().collect::<Vec<_>>(), "after restart").await;
+    eprintln!("failover took {failover:?}");
+    assert!(
+        failover < Duration::from_secs(2),
+        "failover took {failover:?}"
+    );
+    for n in nodes {
+        n.shutdown().await;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_of_another_cluster_is_refused() {
+    let dir = std::env::temp_dir().join(format!("router-2clusters-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let a = free_addr();
+    let b = free_addr();
+    let na = ClusterNode::start(cfg(1, a, &dir), None).await.unwrap();
+    let mut cb = cfg(2, b, &dir);
+    cb.cluster_id = "other".into();
+    let nb = ClusterNode::start(cb, None).await.unwrap();
+    let members: BTreeMap<u64, openraft::BasicNode> = [
+        (1, openraft::BasicNode::new(a.to_string())),
+        (2, openraft::BasicNode::new(b.to_string())),
+    ]
+    .into();
+    na.initialize(members).await.unwrap();
+    // Node 1 needs node 2's vote to lead a 2-member cluster; node 2 refuses its RPCs.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let m = na.raft.metrics().borrow().clone();
+    assert_ne!(m.current_leader, Some(1), "a foreign peer voted");
+    assert_eq!(nb.raft.metrics().borrow().current_leader, None);
+    na.shutdown().await;
+    nb.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
