@@ -45,6 +45,71 @@ pub struct Config {
     pub tls: Option<TlsConfig>,
     /// Logging.
     pub log: LogConfig,
+    /// Raft cluster of router peers; absent = a single router with its own map.
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// A peer of the router cluster.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PeerConfig {
+    /// Node id (never reused).
+    pub id: u64,
+    /// Its peer gRPC address.
+    pub addr: String,
+}
+
+/// Cluster settings.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// This peer's node id.
+    pub node_id: u64,
+    /// Peer gRPC listen address.
+    pub listen: SocketAddr,
+    /// sled data directory.
+    pub data_dir: PathBuf,
+    /// Shared by the cluster's peers; a peer with another id is refused.
+    pub cluster_id: String,
+    /// Initial voters (static bootstrap); the lowest id initializes a new cluster.
+    pub peers: Vec<PeerConfig>,
+    /// Raft heartbeat (default 100 ms).
+    #[serde(default = "hb")]
+    pub heartbeat_ms: u64,
+    /// Election timeout range (default 300-600 ms).
+    #[serde(default = "emin")]
+    pub election_min_ms: u64,
+    /// Election timeout range.
+    #[serde(default = "emax")]
+    pub election_max_ms: u64,
+    /// Snapshot every N applied entries (default 5000).
+    #[serde(default = "snap")]
+    pub snapshot_every: u64,
+    /// Routing decisions batched into one proposal at most (default 512).
+    #[serde(default = "batch")]
+    pub batch_routes: usize,
+    /// Longest wait before a partial batch is proposed (default 5 ms).
+    #[serde(default = "batch_ms")]
+    pub batch_ms: u64,
+}
+
+fn hb() -> u64 {
+    100
+}
+fn emin() -> u64 {
+    300
+}
+fn emax() -> u64 {
+    600
+}
+fn snap() -> u64 {
+    5000
+}
+fn batch() -> usize {
+    512
+}
+fn batch_ms() -> u64 {
+    5
 }
 
 /// One engine server.
@@ -231,6 +296,7 @@ impl Default for Config {
             health: HealthConfig::default(),
             tls: None,
             log: LogConfig::default(),
+            cluster: None,
         }
     }
 }
@@ -421,6 +487,22 @@ impl Config {
         }
         if self.log.format != "text" && self.log.format != "json" {
             return bad("log.format must be 'text' or 'json'".into());
+        }
+        if let Some(c) = &self.cluster {
+            if !c.peers.iter().any(|p| p.id == c.node_id) {
+                return bad(format!(
+                    "cluster.peers must include this node ({})",
+                    c.node_id
+                ));
+            }
+            if c.cluster_id.is_empty() {
+                return bad("cluster.cluster_id must not be empty".into());
+            }
+            if !(c.heartbeat_ms < c.election_min_ms && c.election_min_ms < c.election_max_ms) {
+                return bad(
+                    "cluster: need heartbeat_ms < election_min_ms < election_max_ms".into(),
+                );
+            }
         }
         if matches!(&self.api_key, Some(k) if k.is_empty()) {
             return bad("api_key must not be empty when set".into());

@@ -1,6 +1,7 @@
 //! The router daemon as a library: build from a validated [`Config`], then run.
 
 pub mod body;
+pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod health;
@@ -62,13 +63,18 @@ pub async fn run(cfg: Config, shutdown: watch::Receiver<bool>) -> anyhow::Result
         None => None,
     };
     let metrics = Arc::new(Metrics::default());
-    let topo = Topology::from_config(&cfg.upstreams, cfg.cache.default_capacity_tokens);
-    let state: Arc<dyn RoutingState> = LocalState::start(
-        topo,
-        cfg.cache.max_entries,
-        cfg.cache.max_sessions,
-        metrics.clone(),
-    );
+    let state: Arc<dyn RoutingState> = match &cfg.cluster {
+        Some(c) => cluster::ClusterState::start(&cfg, c, metrics.clone()).await?,
+        None => {
+            let topo = Topology::from_config(&cfg.upstreams, cfg.cache.default_capacity_tokens);
+            LocalState::start(
+                topo,
+                cfg.cache.max_entries,
+                cfg.cache.max_sessions,
+                metrics.clone(),
+            )
+        }
+    };
     let client = upstream_client(&cfg);
     let health = health::spawn(
         cfg.health.clone(),

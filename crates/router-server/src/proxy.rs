@@ -489,10 +489,11 @@ fn health(ctx: &Ctx) -> Response<RespBody> {
             serde_json::json!({"url": &*u.url, "up": u.up.load(Relaxed), "accepting": u.accepting.load(Relaxed), "inflight": inflight})
         })
         .collect();
-    json_response(
-        code,
-        &serde_json::json!({"status": status, "upstreams_up": up, "upstreams_total": total, "upstreams": ups}),
-    )
+    let mut body = serde_json::json!({"status": status, "upstreams_up": up, "upstreams_total": total, "upstreams": ups});
+    if let Some(c) = ctx.state.cluster_status() {
+        body["cluster"] = c;
+    }
+    json_response(code, &body)
 }
 
 fn metrics(ctx: &Ctx) -> Response<RespBody> {

@@ -24,6 +24,10 @@ pub trait RoutingState: Send + Sync + 'static {
     fn record(&self, rec: Route);
     /// Index counters for metrics.
     fn index_stats(&self) -> IndexStats;
+    /// Raft status when clustered.
+    fn cluster_status(&self) -> Option<serde_json::Value> {
+        None
+    }
 }
 
 /// Records buffered between the request path and the writer.

@@ -121,6 +121,59 @@ impl Topology {
         t
     }
 
+    /// Builds the topology from the replicated server list, reusing the previous snapshot's
+    /// upstreams and ranks (and so their live counters and health) where they still exist.
+    pub fn from_servers(
+        servers: &std::collections::BTreeMap<String, router_core::machine::Server>,
+        prev: &Topology,
+    ) -> Topology {
+        let mut t = Topology::default();
+        for s in servers.values() {
+            let old_up = prev.upstreams.iter().find(|u| &*u.url == s.url.as_str());
+            let up = match old_up {
+                Some(u) => u.clone(),
+                None => {
+                    let (authority, base) = parse_upstream_url(&s.url).unwrap_or_default();
+                    Arc::new(Upstream {
+                        url: Arc::from(s.url.as_str()),
+                        authority,
+                        base,
+                        up: AtomicBool::new(true),
+                        accepting: AtomicBool::new(true),
+                        suspect: AtomicBool::new(false),
+                    })
+                }
+            };
+            up.accepting
+                .store(!s.draining, std::sync::atomic::Ordering::Relaxed);
+            let n = s.ranks.len() as u32;
+            for (d, id) in s.ranks.iter().enumerate() {
+                if let Some(r) = prev
+                    .ranks
+                    .iter()
+                    .find(|r| r.id == *id && Arc::ptr_eq(&r.upstream, &up))
+                {
+                    t.ranks.push(r.clone());
+                    continue;
+                }
+                t.ranks.push(Arc::new(RankState {
+                    id: *id,
+                    upstream: up.clone(),
+                    dp_rank: (n > 1).then_some(d as u32),
+                    key: xxh3_64(format!("{}#{d}", up.url).as_bytes()),
+                    weight: s.weight,
+                    capacity_tokens: s.capacity_tokens,
+                    queued_prefill: AtomicU64::new(0),
+                    decodes: AtomicU64::new(0),
+                    inflight: AtomicU64::new(0),
+                    requests: AtomicU64::new(0),
+                }));
+            }
+            t.upstreams.push(up);
+        }
+        t
+    }
+
     /// Ranks of one upstream.
     pub fn ranks_of<'a>(
         &'a self,
