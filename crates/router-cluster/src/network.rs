@@ -40,7 +40,8 @@ impl Network {
         }
     }
 
-    fn channel(&self, addr: &str) -> Result<Channel, String> {
+    /// The cached channel to `addr` (created lazily on first use).
+    pub fn channel(&self, addr: &str) -> Result<Channel, String> {
         let mut map = self
             .channels
             .lock()

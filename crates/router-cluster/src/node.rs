@@ -52,6 +52,7 @@ pub struct ClusterNode {
     /// This peer's id.
     pub id: NodeId,
     cluster_id: String,
+    net: Network,
     stop: Option<oneshot::Sender<()>>,
     server: tokio::task::JoinHandle<()>,
 }
@@ -74,15 +75,10 @@ impl ClusterNode {
             ..Default::default()
         }
         .validate()?;
-        let raft = Raft::new(
-            cfg.id,
-            Arc::new(raft_cfg),
-            Network::new(&cfg.cluster_id),
-            log,
-            sm.clone(),
-        )
-        .await
-        .map_err(|e| anyhow::anyhow!("starting raft: {e}"))?;
+        let net = Network::new(&cfg.cluster_id);
+        let raft = Raft::new(cfg.id, Arc::new(raft_cfg), net.clone(), log, sm.clone())
+            .await
+            .map_err(|e| anyhow::anyhow!("starting raft: {e}"))?;
         let svc = PeerService::new(raft.clone(), &cfg.cluster_id);
         let (stop, stopped) = oneshot::channel::<()>();
         let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
@@ -108,6 +104,7 @@ impl ClusterNode {
             sm,
             id: cfg.id,
             cluster_id: cfg.cluster_id,
+            net,
             stop: Some(stop),
             server,
         })
@@ -123,31 +120,40 @@ impl ClusterNode {
     }
 
     /// Proposes a command: locally when leader, else forwarded to the leader by this peer.
+    /// While no leader is known (an election is under way) it waits, up to about 3 s.
     pub async fn propose(&self, cmd: Command) -> anyhow::Result<Outcome> {
-        match self.raft.client_write(cmd.clone()).await {
-            Ok(r) => Ok(r.data),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                let node = f.leader_node.ok_or_else(|| anyhow::anyhow!("no leader"))?;
-                let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", node.addr))?
-                    .connect_timeout(Duration::from_millis(500))
-                    .timeout(Duration::from_secs(5))
-                    .connect()
-                    .await?;
-                let reply = PeerClient::new(ch)
-                    .forward(RaftMessage {
-                        cluster_id: self.cluster_id.clone(),
-                        payload: serde_json::to_vec(&cmd)?,
-                        error: String::new(),
-                    })
-                    .await?
-                    .into_inner();
-                if !reply.error.is_empty() {
-                    anyhow::bail!("leader refused: {}", reply.error);
+        let mut waited = Duration::ZERO;
+        loop {
+            match self.raft.client_write(cmd.clone()).await {
+                Ok(r) => return Ok(r.data),
+                Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                    match f.leader_node {
+                        Some(node) => return self.forward(&node.addr, &cmd).await,
+                        None if waited < Duration::from_secs(3) => {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            waited += Duration::from_millis(50);
+                        }
+                        None => anyhow::bail!("no leader"),
+                    }
                 }
-                Ok(serde_json::from_slice(&reply.payload)?)
+                Err(e) => return Err(anyhow::anyhow!("propose: {e}")),
             }
-            Err(e) => Err(anyhow::anyhow!("propose: {e}")),
         }
+    }
+
+    async fn forward(&self, addr: &str, cmd: &Command) -> anyhow::Result<Outcome> {
+        let ch = self.net.channel(addr).map_err(|e| anyhow::anyhow!(e))?;
+        let mut req = tonic::Request::new(RaftMessage {
+            cluster_id: self.cluster_id.clone(),
+            payload: serde_json::to_vec(cmd)?,
+            error: String::new(),
+        });
+        req.set_timeout(Duration::from_secs(5));
+        let reply = PeerClient::new(ch).forward(req).await?.into_inner();
+        if !reply.error.is_empty() {
+            anyhow::bail!("leader refused: {}", reply.error);
+        }
+        Ok(serde_json::from_slice(&reply.payload)?)
     }
 
     /// Digest of the applied state.
