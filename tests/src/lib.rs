@@ -51,9 +51,14 @@ pub fn bin(name: &str) -> PathBuf {
     dir.join(name)
 }
 
-/// A free port on 127.0.0.1 (bound and released; good enough for tests).
+/// A free port on its own loopback address (127.1.x.y): each call gets a different
+/// address, so two tests running at once can never be handed the same socket between the
+/// moment it is released here and the moment the binary binds it.
 pub fn free_addr() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let ip = std::net::Ipv4Addr::new(127, 1, (n / 250 % 250) as u8, (n % 250 + 1) as u8);
+    let l = TcpListener::bind((ip, 0)).expect("bind");
     l.local_addr().expect("addr")
 }
 
