@@ -152,8 +152,9 @@ async fn random_peer_per_turn_keeps_affinity_through_leader_kill() {
             st.observe(i, &r);
             c.advance("ok", 800);
         }
-        // Agents think between turns; replication needs far less than this.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Agents think (run tools) between turns, usually for seconds; 400 ms is a fast agent.
+        // A decision reaches the other peers after batching, commit and the next heartbeat.
+        tokio::time::sleep(Duration::from_millis(400)).await;
     }
     eprintln!("80 turns done after {:?}", t0.elapsed());
     let before = (st.same, st.follow);
@@ -208,7 +209,7 @@ async fn random_peer_per_turn_keeps_affinity_through_leader_kill() {
             st.observe(i, &r);
             c.advance("ok", 800);
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(400)).await;
     }
     let elected = elected.await.unwrap();
     eprintln!(
