@@ -77,6 +77,19 @@ impl LogStore {
     }
 }
 
+impl LogStore {
+    /// Deletes the entries whose keys fall in `range`.
+    fn remove_logs<R: RangeBounds<[u8; 8]>>(&self, range: R) -> Result<(), SErr> {
+        for k in self.logs.range(range).keys() {
+            let k = k.map_err(|e| StorageIOError::write_logs(&e))?;
+            self.logs
+                .remove(k)
+                .map_err(|e| StorageIOError::write_logs(&e))?;
+        }
+        Ok(())
+    }
+}
+
 impl RaftLogReader<TypeConfig> for LogStore {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
@@ -172,17 +185,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), SErr> {
-        let keys: Vec<_> = self
-            .logs
-            .range(key(log_id.index)..)
-            .keys()
-            .collect::<Result<_, _>>()
-            .map_err(|e| StorageIOError::write_logs(&e))?;
-        for k in keys {
-            self.logs
-                .remove(k)
-                .map_err(|e| StorageIOError::write_logs(&e))?;
-        }
+        self.remove_logs(key(log_id.index)..)?;
         self.db
             .flush_async()
             .await
@@ -192,17 +195,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), SErr> {
         self.put_meta(PURGED, &log_id).await?;
-        let keys: Vec<_> = self
-            .logs
-            .range(..=key(log_id.index))
-            .keys()
-            .collect::<Result<_, _>>()
-            .map_err(|e| StorageIOError::write_logs(&e))?;
-        for k in keys {
-            self.logs
-                .remove(k)
-                .map_err(|e| StorageIOError::write_logs(&e))?;
-        }
+        self.remove_logs(..=key(log_id.index))?;
         Ok(())
     }
 }

@@ -3,6 +3,7 @@
 //! through nginx (least_conn), interleaved in one run so machine noise hits all three.
 
 use crate::procs::{free_port, sibling, spawn, start_nginx, wait_port};
+use crate::workload::pct;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::service::service_fn;
@@ -91,11 +92,6 @@ async fn once(c: &C, url: &str, body: &Bytes) -> anyhow::Result<()> {
     anyhow::ensure!(resp.status().is_success(), "status {}", resp.status());
     resp.into_body().collect().await?;
     Ok(())
-}
-
-fn pct(v: &mut [f64], q: f64) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
 /// Requests per second from `concurrency` clients over `dur`.

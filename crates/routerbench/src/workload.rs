@@ -480,7 +480,8 @@ fn oracle_tokens(s: &Shared, body: &serde_json::Value) -> u64 {
     cached as u64
 }
 
-fn pct(v: &mut [f64], q: f64) -> f64 {
+/// The `q` quantile of `v` (sorted in place); 0 for an empty slice.
+pub fn pct(v: &mut [f64], q: f64) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
