@@ -1,6 +1,6 @@
 //! The router cluster: openraft over sled storage and tonic, replicating router-core's
 //! [`Machine`]. Network, storage and a peer runtime live here; the router binary wires them
-//! in (issue 4).
+//! in.
 //!
 //! [`Machine`]: router_core::Machine
 
@@ -10,3 +10,4 @@
 pub mod network;
 pub mod node;
 pub mod store;
+pub mod tls;

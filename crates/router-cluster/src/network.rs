@@ -19,7 +19,7 @@ use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Request, Response, Status};
 
 /// Builds clients to peers, caching one channel per peer address.
@@ -28,16 +28,24 @@ pub struct Network {
     cluster_id: Arc<str>,
     channels: Arc<Mutex<HashMap<String, Channel>>>,
     connect_timeout: Duration,
+    tls: Option<ClientTlsConfig>,
 }
 
 impl Network {
-    /// A factory for the cluster `cluster_id`.
-    pub fn new(cluster_id: &str) -> Network {
+    /// A factory for the cluster `cluster_id`; with `tls`, every peer is reached over
+    /// mutual TLS.
+    pub fn new(cluster_id: &str, tls: Option<ClientTlsConfig>) -> Network {
         Network {
             cluster_id: Arc::from(cluster_id),
             channels: Arc::new(Mutex::new(HashMap::new())),
             connect_timeout: Duration::from_millis(500),
+            tls,
         }
+    }
+
+    /// The cluster id sent on every call.
+    pub fn cluster_id(&self) -> &str {
+        &self.cluster_id
     }
 
     /// The cached channel to `addr` (created lazily on first use).
@@ -49,14 +57,23 @@ impl Network {
         if let Some(c) = map.get(addr) {
             return Ok(c.clone());
         }
-        // Lazy: connects on first use and reconnects (with backoff) after failures.
-        let ch = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| e.to_string())?
+        let ch = endpoint(addr, self.tls.as_ref())?
             .connect_timeout(self.connect_timeout)
             .tcp_nodelay(true)
+            // Lazy: connects on first use and reconnects (with backoff) after failures.
             .connect_lazy();
         map.insert(addr.to_owned(), ch.clone());
         Ok(ch)
+    }
+}
+
+/// An endpoint for `addr` (`host:port`), over TLS when `tls` is given.
+pub fn endpoint(addr: &str, tls: Option<&ClientTlsConfig>) -> Result<Endpoint, String> {
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let e = Endpoint::from_shared(format!("{scheme}://{addr}")).map_err(|e| e.to_string())?;
+    match tls {
+        Some(t) => e.tls_config(t.clone()).map_err(|e| e.to_string()),
+        None => Ok(e),
     }
 }
 
@@ -177,26 +194,36 @@ impl RaftNetwork<TypeConfig> for PeerConn {
 pub struct PeerService {
     raft: Raft<TypeConfig>,
     cluster_id: Arc<str>,
+    require_cert: bool,
 }
 
 impl PeerService {
-    /// Serves `raft` for cluster `cluster_id`.
-    pub fn new(raft: Raft<TypeConfig>, cluster_id: &str) -> PeerService {
+    /// Serves `raft` for cluster `cluster_id`. With `require_cert`, a caller must have
+    /// presented a client certificate that the TLS layer verified against the cluster CA.
+    pub fn new(raft: Raft<TypeConfig>, cluster_id: &str, require_cert: bool) -> PeerService {
         PeerService {
             raft,
             cluster_id: Arc::from(cluster_id),
+            require_cert,
         }
     }
 
-    fn check(&self, m: &RaftMessage) -> Result<(), Status> {
+    fn check(&self, req: Request<RaftMessage>) -> Result<RaftMessage, Status> {
+        if self.require_cert && req.peer_certs().is_none_or(|c| c.is_empty()) {
+            return Err(Status::unauthenticated(
+                "peer calls need a client certificate signed by the cluster CA",
+            ));
+        }
+        let m = req.into_inner();
         if !constant_time_eq(m.cluster_id.as_bytes(), self.cluster_id.as_bytes()) {
             return Err(Status::permission_denied("wrong cluster id"));
         }
-        Ok(())
+        Ok(m)
     }
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+/// Compares secrets without an early exit (time does not depend on where they differ).
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     let mut d = a.len() ^ b.len();
     for i in 0..a.len().max(b.len()) {
         d |= usize::from(a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0));
@@ -221,8 +248,7 @@ fn reply<T: Serialize>(v: &T) -> Result<Response<RaftMessage>, Status> {
 #[tonic::async_trait]
 impl Peer for PeerService {
     async fn vote(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
-        let m = req.into_inner();
-        self.check(&m)?;
+        let m = self.check(req)?;
         let r = self.raft.vote(decode(&m)?).await;
         reply(&r)
     }
@@ -231,8 +257,7 @@ impl Peer for PeerService {
         &self,
         req: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
-        let m = req.into_inner();
-        self.check(&m)?;
+        let m = self.check(req)?;
         let r = self.raft.append_entries(decode(&m)?).await;
         reply(&r)
     }
@@ -241,23 +266,32 @@ impl Peer for PeerService {
         &self,
         req: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
-        let m = req.into_inner();
-        self.check(&m)?;
+        let m = self.check(req)?;
         let r = self.raft.install_snapshot(decode(&m)?).await;
         reply(&r)
     }
 
     async fn forward(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
-        let m = req.into_inner();
-        self.check(&m)?;
+        let m = self.check(req)?;
         let cmd: router_core::Command = decode(&m)?;
         match self.raft.client_write(cmd).await {
-            Ok(r) => reply(&r.data),
+            Ok(r) => reply(&(r.log_id.index, r.data)),
             Err(e) => Ok(Response::new(RaftMessage {
                 cluster_id: String::new(),
                 payload: Vec::new(),
                 error: e.to_string(),
             })),
         }
+    }
+
+    async fn applied(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        self.check(req)?;
+        let applied = self
+            .raft
+            .metrics()
+            .borrow()
+            .last_applied
+            .map_or(0, |l| l.index);
+        reply(&applied)
     }
 }

@@ -12,8 +12,26 @@ use serde::{Deserialize, Serialize};
 use std::fmt::Debug;
 use std::io::Cursor;
 use std::ops::{Bound, RangeBounds};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use tokio::sync::RwLock;
+
+/// Storage counters for metrics and status.
+#[derive(Debug, Default)]
+pub struct StoreStats {
+    /// Last committed log index openraft saved.
+    pub committed: AtomicU64,
+    /// Snapshots built here.
+    pub snapshots_built: AtomicU64,
+    /// Snapshots received from a leader and installed.
+    pub snapshots_installed: AtomicU64,
+    /// Size of the last snapshot built or installed, bytes.
+    pub snapshot_bytes: AtomicU64,
+    /// Time the last snapshot build took, microseconds (copy + encode + persist).
+    pub snapshot_build_us: AtomicU64,
+    /// Time the last snapshot install took, microseconds.
+    pub snapshot_install_us: AtomicU64,
+}
 
 openraft::declare_raft_types!(
     /// The router cluster's Raft types.
@@ -43,15 +61,17 @@ pub struct LogStore {
     db: sled::Db,
     logs: sled::Tree,
     meta: sled::Tree,
+    stats: Arc<StoreStats>,
 }
 
 impl LogStore {
     /// Opens (or creates) the log in `db`.
-    pub fn open(db: &sled::Db) -> Result<LogStore, sled::Error> {
+    pub fn open(db: &sled::Db, stats: Arc<StoreStats>) -> Result<LogStore, sled::Error> {
         Ok(LogStore {
             db: db.clone(),
             logs: db.open_tree("raft_log")?,
             meta: db.open_tree("raft_meta")?,
+            stats,
         })
     }
 
@@ -149,6 +169,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<(), SErr> {
+        self.stats
+            .committed
+            .store(committed.map_or(0, |c| c.index), Relaxed);
         self.put_meta(COMMITTED, &committed).await
     }
 
@@ -218,6 +241,8 @@ pub struct SmState {
     pub last_applied: Option<LogId<NodeId>>,
     /// Last membership.
     pub membership: StoredMembership<NodeId, Node>,
+    /// Proposing peer and its clock (ms) of the last `RecordRoutes` batch applied.
+    pub last_routes: Option<(u64, u64)>,
 }
 
 /// The state machine: router-core's [`Machine`] behind a lock that only the Raft apply task
@@ -228,8 +253,10 @@ pub struct StateMachineStore {
     pub state: Arc<RwLock<SmState>>,
     snapshots: sled::Tree,
     db: sled::Db,
-    snapshot_seq: Arc<std::sync::atomic::AtomicU64>,
+    snapshot_seq: Arc<AtomicU64>,
     on_apply: Option<OnApply>,
+    /// Counters.
+    pub stats: Arc<StoreStats>,
 }
 
 impl StateMachineStore {
@@ -240,6 +267,7 @@ impl StateMachineStore {
         max_entries: u64,
         max_sessions: u64,
         on_apply: Option<OnApply>,
+        stats: Arc<StoreStats>,
     ) -> Result<StateMachineStore, SErr> {
         let snapshots = db
             .open_tree("raft_snapshot")
@@ -248,6 +276,7 @@ impl StateMachineStore {
             machine: Machine::new(max_entries, max_sessions),
             last_applied: None,
             membership: StoredMembership::default(),
+            last_routes: None,
         };
         if let Some(bytes) = snapshots
             .get(SNAPSHOT)
@@ -263,14 +292,16 @@ impl StateMachineStore {
             state: Arc::new(RwLock::new(st)),
             snapshots,
             db: db.clone(),
-            snapshot_seq: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+            snapshot_seq: Arc::new(AtomicU64::new(0)),
             on_apply,
+            stats,
         })
     }
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, SErr> {
+        let started = std::time::Instant::now();
         // Copy under the read lock, serialize without it: apply waits only for the copy.
         let (machine, last_applied, membership) = {
             let st = self.state.read().await;
@@ -280,9 +311,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
                 st.membership.clone(),
             )
         };
-        let seq = self
-            .snapshot_seq
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let seq = self.snapshot_seq.fetch_add(1, Relaxed);
         let snapshot_id = match last_applied {
             Some(l) => format!("{}-{}-{seq}", l.leader_id, l.index),
             None => format!("--{seq}"),
@@ -305,6 +334,11 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
             .flush_async()
             .await
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
+        self.stats.snapshots_built.fetch_add(1, Relaxed);
+        self.stats.snapshot_bytes.store(bytes.len() as u64, Relaxed);
+        self.stats
+            .snapshot_build_us
+            .store(started.elapsed().as_micros() as u64, Relaxed);
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(bytes)),
@@ -333,7 +367,12 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             st.last_applied = Some(e.log_id);
             match e.payload {
                 EntryPayload::Blank => out.push(Outcome::Ok),
-                EntryPayload::Normal(cmd) => out.push(st.machine.apply(&cmd)),
+                EntryPayload::Normal(cmd) => {
+                    if let Command::RecordRoutes { peer, at_ms, .. } = &cmd {
+                        st.last_routes = Some((*peer, *at_ms));
+                    }
+                    out.push(st.machine.apply(&cmd));
+                }
                 EntryPayload::Membership(m) => {
                     st.membership = StoredMembership::new(Some(e.log_id), m);
                     out.push(Outcome::Ok);
@@ -359,7 +398,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         meta: &SnapshotMeta<NodeId, Node>,
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), SErr> {
+        let started = std::time::Instant::now();
         let bytes = snapshot.into_inner();
+        let len = bytes.len() as u64;
         let f: SnapshotFile = serde_json::from_slice(&bytes)
             .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
         {
@@ -378,6 +419,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             .flush_async()
             .await
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
+        self.stats.snapshots_installed.fetch_add(1, Relaxed);
+        self.stats.snapshot_bytes.store(len, Relaxed);
+        self.stats
+            .snapshot_install_us
+            .store(started.elapsed().as_micros() as u64, Relaxed);
         Ok(())
     }
 

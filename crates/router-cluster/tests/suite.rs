@@ -23,8 +23,8 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, Dir> for Builder {
         let path = std::env::temp_dir().join(format!("router-suite-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&path);
         let db = sled::open(&path).expect("open sled");
-        let log = LogStore::open(&db).expect("log store");
-        let sm = StateMachineStore::open(&db, 10_000, 1_000, None)?;
+        let log = LogStore::open(&db, Default::default()).expect("log store");
+        let sm = StateMachineStore::open(&db, 10_000, 1_000, None, Default::default())?;
         Ok((Dir(path), log, sm))
     }
 }

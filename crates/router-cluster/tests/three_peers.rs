@@ -5,6 +5,7 @@
 use router_cluster::node::{ClusterNode, NodeConfig};
 use router_core::{Command, Outcome, Route};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn free_addr() -> std::net::SocketAddr {
@@ -27,12 +28,14 @@ fn cfg(id: u64, addr: std::net::SocketAddr, dir: &std::path::Path) -> NodeConfig
         keep_logs: 5,
         max_entries: 100_000,
         max_sessions: 1000,
+        tls: None,
     }
 }
 
 fn routes(seed: u64) -> Command {
     Command::RecordRoutes {
         peer: seed % 3,
+        at_ms: 0,
         routes: (0..4)
             .map(|i| Route {
                 rank: (seed % 2) as u32,
@@ -44,7 +47,7 @@ fn routes(seed: u64) -> Command {
     }
 }
 
-async fn leader(nodes: &[&ClusterNode]) -> Option<u64> {
+async fn leader(nodes: &[Arc<ClusterNode>]) -> Option<u64> {
     for n in nodes {
         let m = n.raft.metrics().borrow().clone();
         if m.current_leader == Some(n.id) {
@@ -54,7 +57,7 @@ async fn leader(nodes: &[&ClusterNode]) -> Option<u64> {
     None
 }
 
-async fn wait_same(nodes: &[&ClusterNode], what: &str) {
+async fn wait_same(nodes: &[Arc<ClusterNode>], what: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let mut digests = Vec::new();
@@ -97,7 +100,7 @@ async fn replicate_fail_over_and_catch_up() {
         .collect();
     nodes[0].initialize(members).await.unwrap();
     let t = Instant::now();
-    while leader(&nodes.iter().collect::<Vec<_>>()).await.is_none() {
+    while leader(&nodes).await.is_none() {
         assert!(t.elapsed() < Duration::from_secs(5), "no leader");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -117,7 +120,7 @@ async fn replicate_fail_over_and_catch_up() {
         let out = nodes[(s % 3) as usize].propose(routes(s)).await.unwrap();
         assert_eq!(out, Outcome::Ok);
     }
-    wait_same(&nodes.iter().collect::<Vec<_>>(), "after writes").await;
+    wait_same(&nodes, "after writes").await;
     assert!(
         nodes[0]
             .sm
@@ -132,13 +135,15 @@ async fn replicate_fail_over_and_catch_up() {
     );
 
     // Kill the leader: the others elect a new one and keep taking writes.
-    let old = leader(&nodes.iter().collect::<Vec<_>>()).await.unwrap();
+    let old = leader(&nodes).await.unwrap();
     let idx = nodes.iter().position(|n| n.id == old).unwrap();
     let dead = nodes.remove(idx);
     dead.shutdown().await;
+    // The sled lock goes with the last handle.
+    drop(dead);
     let t = Instant::now();
     loop {
-        if let Some(l) = leader(&nodes.iter().collect::<Vec<_>>()).await {
+        if let Some(l) = leader(&nodes).await {
             assert_ne!(l, old);
             break;
         }
@@ -149,7 +154,7 @@ async fn replicate_fail_over_and_catch_up() {
     for s in 100..160 {
         nodes[(s % 2) as usize].propose(routes(s)).await.unwrap();
     }
-    wait_same(&nodes.iter().collect::<Vec<_>>(), "survivors").await;
+    wait_same(&nodes, "survivors").await;
 
     // Restart the old leader from its data dir: it catches up (its log was purged behind
     // snapshots on the others, so this exercises snapshot install too).
@@ -157,7 +162,7 @@ async fn replicate_fail_over_and_catch_up() {
         .await
         .unwrap();
     nodes.push(back);
-    wait_same(&nodes.iter().collect::<Vec<_>>(), "after restart").await;
+    wait_same(&nodes, "after restart").await;
     eprintln!("failover took {failover:?}");
     assert!(
         failover < Duration::from_secs(2),

@@ -110,6 +110,27 @@ impl IndexView {
         self.sessions.get(&session).copied()
     }
 
+    /// This view plus decisions not applied yet: each route's fingerprints credited to its
+    /// rank, and its session bound to it. No eviction (the overlay lives for milliseconds,
+    /// until the log applies the same routes). The view itself is unchanged (persistent
+    /// map: the copy shares everything but the touched entries).
+    pub fn overlay<'a>(&self, routes: impl IntoIterator<Item = &'a crate::Route>) -> IndexView {
+        let mut out = self.clone();
+        for r in routes {
+            for h in &r.hashes {
+                let mut holders = out.map.get(h).cloned().unwrap_or_default();
+                if !holders.contains(&r.rank) {
+                    holders.push(r.rank);
+                    out.map.insert(*h, holders);
+                }
+            }
+            if let Some(s) = r.session {
+                out.sessions.insert(s, r.rank);
+            }
+        }
+        out
+    }
+
     /// Number of fingerprints held by any rank.
     pub fn len(&self) -> usize {
         self.map.len()
@@ -681,5 +702,27 @@ mod tests {
         }
         assert!(m.stats().sessions <= 8);
         assert_eq!(m.view().session(99), Some(0));
+    }
+
+    #[test]
+    fn overlay_credits_pending_routes_without_touching_the_view() {
+        let mut m = CacheModel::new(1000, 100);
+        m.set_capacity(0, 100_000);
+        m.set_capacity(1, 100_000);
+        m.record(0, &[1, 2, 3], &[10, 10, 10], None);
+        let v = m.view();
+        let pending = [crate::Route {
+            rank: 1,
+            hashes: vec![1, 2, 9],
+            chunk_tokens: vec![10; 3],
+            session: Some(7),
+        }];
+        let o = v.overlay(pending.iter());
+        let mut got: Vec<_> = o.matches(&[1, 2, 9]).into_vec();
+        got.sort_unstable();
+        assert_eq!(got, vec![(0, 2), (1, 3)]);
+        assert_eq!(o.session(7), Some(1));
+        assert_eq!(v.matches(&[1, 2, 9]).into_vec(), vec![(0, 2)]);
+        assert_eq!(v.session(7), None);
     }
 }

@@ -10,7 +10,7 @@
 
 use crate::index::{CacheModel, IndexView, ModelSnapshot, RankId};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use xxhash_rust::xxh3::Xxh3;
 
 /// One routing decision to remember.
@@ -44,6 +44,9 @@ pub enum Command {
     RecordRoutes {
         /// Proposing peer.
         peer: u64,
+        /// The proposer's wall clock in ms when the batch closed (appliers measure lag).
+        #[serde(default)]
+        at_ms: u64,
         /// Decisions, in the order the peer made them.
         routes: Vec<Route>,
     },
@@ -78,6 +81,12 @@ pub enum Command {
         url: String,
         /// True to drain, false to resume.
         draining: bool,
+    },
+    /// A router peer left the cluster for good: its id is never handed out again, and its
+    /// load report is dropped.
+    RetirePeer {
+        /// Node id.
+        id: u64,
     },
 }
 
@@ -123,6 +132,7 @@ pub struct Machine {
     servers: BTreeMap<String, Server>,
     next_rank: RankId,
     loads: BTreeMap<u64, PeerLoad>,
+    retired: BTreeSet<u64>,
 }
 
 /// Serializable image of a [`Machine`], for Raft snapshots.
@@ -136,6 +146,9 @@ pub struct MachineSnapshot {
     pub next_rank: RankId,
     /// Load reports.
     pub loads: Vec<(u64, PeerLoad)>,
+    /// Router peer ids that left (never reused).
+    #[serde(default)]
+    pub retired_peers: Vec<u64>,
 }
 
 impl Machine {
@@ -146,6 +159,7 @@ impl Machine {
             servers: BTreeMap::new(),
             next_rank: 0,
             loads: BTreeMap::new(),
+            retired: BTreeSet::new(),
         }
     }
 
@@ -158,6 +172,9 @@ impl Machine {
                         .record(r.rank, &r.hashes, &r.chunk_tokens, r.session);
                 }
                 Outcome::Ok
+            }
+            Command::LoadSnapshot { peer, .. } if self.retired.contains(peer) => {
+                Outcome::Rejected(format!("peer {peer} was removed"))
             }
             Command::LoadSnapshot { peer, at_ms, loads } => {
                 self.loads.insert(
@@ -236,7 +253,17 @@ impl Machine {
                 }
                 None => Outcome::Rejected(format!("no server {url}")),
             },
+            Command::RetirePeer { id } => {
+                self.retired.insert(*id);
+                self.loads.remove(id);
+                Outcome::Ok
+            }
         }
+    }
+
+    /// Whether a router peer id was retired (and so may not join again).
+    pub fn is_retired(&self, id: u64) -> bool {
+        self.retired.contains(&id)
     }
 
     /// The affinity index for readers (O(1)).
@@ -283,6 +310,9 @@ impl Machine {
                 h.update(&x.decodes.to_le_bytes());
             }
         }
+        for r in &self.retired {
+            h.update(&r.to_le_bytes());
+        }
         h.digest()
     }
 
@@ -293,6 +323,7 @@ impl Machine {
             servers: self.servers.values().cloned().collect(),
             next_rank: self.next_rank,
             loads: self.loads.iter().map(|(k, v)| (*k, v.clone())).collect(),
+            retired_peers: self.retired.iter().copied().collect(),
         }
     }
 
@@ -307,6 +338,7 @@ impl Machine {
                 .collect(),
             next_rank: s.next_rank,
             loads: s.loads.iter().cloned().collect(),
+            retired: s.retired_peers.iter().copied().collect(),
         }
     }
 }
@@ -327,6 +359,7 @@ mod tests {
     fn routes(rank: RankId, seed: u64, n: u64) -> Command {
         Command::RecordRoutes {
             peer: 1,
+            at_ms: 0,
             routes: vec![Route {
                 rank,
                 hashes: (0..n).map(|i| seed * 1000 + i).collect(),
@@ -361,6 +394,12 @@ mod tests {
                 url: "http://a".into(),
             },
             join("http://c", 1),
+            Command::RetirePeer { id: 2 },
+            Command::LoadSnapshot {
+                peer: 2,
+                at_ms: 11,
+                loads: vec![],
+            },
         ]
     }
 

@@ -1,28 +1,76 @@
 //! The replicated routing state: the request path reads views that the Raft apply task
-//! publishes, and hands its decisions to a proposer that batches them into `RecordRoutes`
-//! entries. Nothing on the request path waits for Raft.
+//! publishes (plus an overlay of this peer's decisions the log has not applied yet), and
+//! hands its decisions to a proposer that batches them into `RecordRoutes` entries.
+//! Nothing on the request path waits for Raft or takes a lock.
 
+use crate::admin::AdminService;
 use crate::config::{ClusterConfig, Config};
-use crate::metrics::Metrics;
-use crate::state::RoutingState;
+use crate::metrics::{Histogram, Metrics};
+use crate::state::{ChangeFuture, Changed, RoutingState};
 use crate::topology::Topology;
 use arc_swap::ArcSwap;
 use router_cluster::node::{ClusterNode, NodeConfig};
 use router_cluster::store::{OnApply, SmState};
-use router_core::{Command, IndexStats, IndexView, Outcome, Route};
-use std::collections::BTreeMap;
+use router_cluster::tls::PeerTls;
+use router_core::machine::PeerLoad;
+use router_core::{Command, IndexStats, IndexView, Outcome, RankLoad, Route};
+use router_proto::v1::admin_server::AdminServer;
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
 
-/// Views published by the apply task.
+/// A batch proposed but not yet applied locally.
+struct Pending {
+    seq: u64,
+    routes: Vec<Route>,
+    /// Log index, once the proposal returned.
+    index: Option<u64>,
+}
+
+/// Views published for the request path.
 struct Published {
+    /// What the log applied.
+    applied_view: ArcSwap<IndexView>,
+    /// `applied_view` plus pending decisions: what the request path reads.
     view: ArcSwap<IndexView>,
     topology: ArcSwap<Topology>,
     stats: ArcSwap<IndexStats>,
+    loads: ArcSwap<BTreeMap<u64, PeerLoad>>,
     digest: AtomicU64,
     applied: AtomicU64,
+    /// Decisions proposed by this peer that the log has not applied here yet. Taken only
+    /// by the proposer and the apply task.
+    pending: Mutex<VecDeque<Pending>>,
+    pending_routes: AtomicU64,
+}
+
+impl Published {
+    /// Recomputes the overlay view from the applied view and the pending batches.
+    fn republish(&self, pending: &VecDeque<Pending>) {
+        let base = self.applied_view.load_full();
+        let n: usize = pending.iter().map(|p| p.routes.len()).sum();
+        self.pending_routes.store(n as u64, Relaxed);
+        if n == 0 {
+            self.view.store(base);
+        } else {
+            self.view.store(Arc::new(
+                base.overlay(pending.iter().flat_map(|p| &p.routes)),
+            ));
+        }
+    }
+}
+
+/// Raft-side counters for `/metrics`.
+#[derive(Default)]
+struct RaftCounters {
+    proposals: AtomicU64,
+    proposed_routes: AtomicU64,
+    proposal_failures: AtomicU64,
+    load_reports: AtomicU64,
+    route_lag: Histogram,
 }
 
 /// Routing state replicated through Raft.
@@ -31,49 +79,41 @@ pub struct ClusterState {
     published: Arc<Published>,
     tx: mpsc::Sender<Route>,
     metrics: Arc<Metrics>,
+    counters: Arc<RaftCounters>,
 }
 
 const QUEUE: usize = 65_536;
+/// How long an admin change waits for every peer to apply it.
+const CONFIRM: Duration = Duration::from_secs(3);
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
 
 impl ClusterState {
-    /// Starts the peer, bootstraps membership and the configured servers, and spawns the
-    /// proposer.
+    /// Starts the peer, serves the peer and admin services, bootstraps membership and the
+    /// configured servers, and spawns the proposer and the load reporter.
     pub async fn start(
         cfg: &Config,
         c: &ClusterConfig,
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<Arc<ClusterState>> {
         let published = Arc::new(Published {
+            applied_view: ArcSwap::from_pointee(IndexView::default()),
             view: ArcSwap::from_pointee(IndexView::default()),
             topology: ArcSwap::from_pointee(Topology::default()),
             stats: ArcSwap::from_pointee(IndexStats::default()),
+            loads: ArcSwap::from_pointee(BTreeMap::new()),
             digest: AtomicU64::new(0),
             applied: AtomicU64::new(0),
+            pending: Mutex::new(VecDeque::new()),
+            pending_routes: AtomicU64::new(0),
         });
-        let p = published.clone();
-        let on_apply: OnApply = Arc::new(move |st: &SmState| {
-            p.view.store(Arc::new(st.machine.view()));
-            p.stats.store(Arc::new(st.machine.model().stats()));
-            p.digest.store(st.machine.digest(), Relaxed);
-            p.applied
-                .store(st.last_applied.map_or(0, |l| l.index), Relaxed);
-            let prev = p.topology.load();
-            let same = prev.upstreams.len() == st.machine.servers().len()
-                && st.machine.servers().values().all(|s| {
-                    prev.upstreams.iter().any(|u| {
-                        &*u.url == s.url.as_str()
-                            && u.accepting.load(Relaxed) != s.draining
-                            && prev.ranks_of(u).map(|r| r.id).eq(s.ranks.iter().copied())
-                    })
-                });
-            if !same {
-                p.topology.store(Arc::new(Topology::from_servers(
-                    st.machine.servers(),
-                    &prev,
-                )));
-            }
-        });
-        let node = ClusterNode::start(
+        let counters = Arc::new(RaftCounters::default());
+        let on_apply = on_apply(published.clone(), counters.clone(), c.node_id);
+        let node = ClusterNode::open(
             NodeConfig {
                 id: c.node_id,
                 listen: c.listen,
@@ -83,14 +123,33 @@ impl ClusterState {
                 election_min_ms: c.election_min_ms,
                 election_max_ms: c.election_max_ms,
                 snapshot_every: c.snapshot_every,
-                keep_logs: 1000,
+                keep_logs: c.keep_logs,
                 max_entries: cfg.cache.max_entries,
                 max_sessions: cfg.cache.max_sessions,
+                tls: c.tls.as_ref().map(|t| PeerTls {
+                    ca: t.ca.clone(),
+                    cert: t.cert.clone(),
+                    key: t.key.clone(),
+                }),
             },
             Some(on_apply),
         )
         .await?;
-        let node = Arc::new(node);
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let state = Arc::new(ClusterState {
+            node: node.clone(),
+            published,
+            tx,
+            metrics,
+            counters,
+        });
+        let admin = AdminService::new(
+            state.clone(),
+            cfg.admin_token.clone(),
+            cfg.cache.default_capacity_tokens,
+        );
+        node.serve(Some(tonic::service::Routes::new(AdminServer::new(admin))))
+            .await?;
         // The lowest id makes the first membership of a new cluster; on a restarted or
         // already formed cluster this is refused and harmless.
         let lowest = c.peers.iter().map(|p| p.id).min().unwrap_or(c.node_id);
@@ -140,34 +199,93 @@ impl ClusterState {
                 }
             }
         });
-        let (tx, rx) = mpsc::channel(QUEUE);
         tokio::spawn(proposer(
-            node.clone(),
+            state.clone(),
             rx,
             c.batch_routes.max(1),
             Duration::from_millis(c.batch_ms),
-            metrics.clone(),
         ));
-        Ok(Arc::new(ClusterState {
-            node,
-            published,
-            tx,
-            metrics,
-        }))
+        tokio::spawn(load_reporter(
+            Arc::downgrade(&state),
+            Duration::from_millis(c.load_report_ms),
+            c.load_stale_ms,
+        ));
+        Ok(state)
     }
 
-    /// Leader, term, applied index and state digest, for `/health` and tests.
+    /// The Raft peer.
+    pub fn node(&self) -> &Arc<ClusterNode> {
+        &self.node
+    }
+
+    /// Leader, term, indexes and state digest, for `/health` and tests.
     pub fn status(&self) -> serde_json::Value {
         let m = self.node.raft.metrics().borrow().clone();
         serde_json::json!({
             "node_id": self.node.id,
             "leader": m.current_leader,
+            "role": format!("{:?}", m.state),
             "term": m.current_term,
             "last_log_index": m.last_log_index,
+            "commit_index": self.node.stats.committed.load(Relaxed),
             "applied_index": self.published.applied.load(Relaxed),
+            "snapshot_index": m.snapshot.map(|s| s.index),
+            "purged_index": m.purged.map(|s| s.index),
+            "snapshots_installed": self.node.stats.snapshots_installed.load(Relaxed),
             "state_digest": format!("{:016x}", self.published.digest.load(Relaxed)),
         })
     }
+
+    /// The state digest (equal on peers that applied the same log).
+    pub fn digest(&self) -> u64 {
+        self.published.digest.load(Relaxed)
+    }
+
+    /// The applied index.
+    pub fn applied(&self) -> u64 {
+        self.published.applied.load(Relaxed)
+    }
+}
+
+/// Publishes what each applied batch changed: views, topology, loads, digest, and drops
+/// pending overlay batches the log has now applied.
+fn on_apply(p: Arc<Published>, counters: Arc<RaftCounters>, me: u64) -> OnApply {
+    Arc::new(move |st: &SmState| {
+        let applied = st.last_applied.map_or(0, |l| l.index);
+        p.applied_view.store(Arc::new(st.machine.view()));
+        p.stats.store(Arc::new(st.machine.model().stats()));
+        p.digest.store(st.machine.digest(), Relaxed);
+        p.applied.store(applied, Relaxed);
+        if let Some((peer, at)) = st.last_routes {
+            if peer != me && at > 0 {
+                let lag = now_ms().saturating_sub(at);
+                counters.route_lag.observe(Duration::from_millis(lag));
+            }
+        }
+        if **p.loads.load() != *st.machine.loads() {
+            p.loads.store(Arc::new(st.machine.loads().clone()));
+        }
+        {
+            let mut pending = p.pending.lock().unwrap_or_else(|e| e.into_inner());
+            pending.retain(|b| b.index.is_none_or(|i| i > applied));
+            p.republish(&pending);
+        }
+        let prev = p.topology.load();
+        let same = prev.upstreams.len() == st.machine.servers().len()
+            && st.machine.servers().values().all(|s| {
+                prev.upstreams.iter().any(|u| {
+                    &*u.url == s.url.as_str()
+                        && u.accepting.load(Relaxed) != s.draining
+                        && prev.ranks_of(u).map(|r| r.id).eq(s.ranks.iter().copied())
+                })
+            });
+        if !same {
+            p.topology.store(Arc::new(Topology::from_servers(
+                st.machine.servers(),
+                &prev,
+            )));
+        }
+    })
 }
 
 /// Batches decisions into `RecordRoutes` proposals: at most `max` routes or `wait` of
@@ -175,13 +293,13 @@ impl ClusterState {
 /// few times, then dropped and counted (the map is a cache; losing a batch costs hits, not
 /// correctness).
 async fn proposer(
-    node: Arc<ClusterNode>,
+    state: Arc<ClusterState>,
     mut rx: mpsc::Receiver<Route>,
     max: usize,
     wait: Duration,
-    metrics: Arc<Metrics>,
 ) {
     let mut batch: Vec<Route> = Vec::with_capacity(max);
+    let mut next_seq = 0u64;
     loop {
         if rx.recv_many(&mut batch, max).await == 0 {
             return;
@@ -195,27 +313,115 @@ async fn proposer(
         }
         let routes = std::mem::take(&mut batch);
         let n = routes.len();
+        let p = &state.published;
+        let seq = next_seq;
+        next_seq += 1;
+        {
+            let mut pending = p.pending.lock().unwrap_or_else(|e| e.into_inner());
+            pending.push_back(Pending {
+                seq,
+                routes: routes.clone(),
+                index: None,
+            });
+            p.republish(&pending);
+        }
         let cmd = Command::RecordRoutes {
-            peer: node.id,
+            peer: state.node.id,
+            at_ms: now_ms(),
             routes,
         };
-        let mut ok = false;
+        state.counters.proposals.fetch_add(1, Relaxed);
+        state.counters.proposed_routes.fetch_add(n as u64, Relaxed);
+        let mut index = None;
         for attempt in 0..5u64 {
-            match node.propose(cmd.clone()).await {
-                Ok(_) => {
-                    ok = true;
+            match state.node.propose_at(cmd.clone()).await {
+                Ok((i, _)) => {
+                    index = Some(i);
                     break;
                 }
                 Err(e) => {
+                    state.counters.proposal_failures.fetch_add(1, Relaxed);
                     tracing::debug!(error = %e, attempt, "proposal failed");
                     tokio::time::sleep(Duration::from_millis(50 * (attempt + 1))).await;
                 }
             }
         }
-        if !ok {
+        if index.is_none() {
             for _ in 0..n {
-                metrics.record_dropped();
+                state.metrics.record_dropped();
             }
+        }
+        // Until the log applies it here, the batch stays in the overlay; if it already was
+        // applied (or was dropped), it leaves now.
+        let mut pending = p.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(k) = pending.iter().position(|b| b.seq == seq) {
+            let applied = p.applied.load(Relaxed);
+            match index {
+                Some(i) if i > applied => pending[k].index = Some(i),
+                _ => {
+                    pending.remove(k);
+                    p.republish(&pending);
+                }
+            }
+        }
+    }
+}
+
+/// Shares this peer's in-flight load per rank through the log (when it changed, and at
+/// least every second so readers can tell it is fresh), and folds the other peers' fresh
+/// reports into each rank's remote counters.
+async fn load_reporter(state: std::sync::Weak<ClusterState>, every: Duration, stale_ms: u64) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last: Vec<RankLoad> = Vec::new();
+    let mut last_sent = 0u64;
+    loop {
+        tick.tick().await;
+        let Some(s) = state.upgrade() else { return };
+        let topo = s.published.topology.load_full();
+        let mine: Vec<RankLoad> = topo
+            .ranks
+            .iter()
+            .map(|r| RankLoad {
+                rank: r.id,
+                queued_prefill: r.queued_prefill.load(Relaxed),
+                decodes: r.decodes.load(Relaxed),
+            })
+            .collect();
+        let now = now_ms();
+        let has_leader = s.node.raft.metrics().borrow().current_leader.is_some();
+        if has_leader && (mine != last || now.saturating_sub(last_sent) >= 1000) {
+            last_sent = now;
+            last = mine.clone();
+            let node = s.node.clone();
+            let counters = s.counters.clone();
+            tokio::spawn(async move {
+                let cmd = Command::LoadSnapshot {
+                    peer: node.id,
+                    at_ms: now,
+                    loads: mine,
+                };
+                if node.propose(cmd).await.is_ok() {
+                    counters.load_reports.fetch_add(1, Relaxed);
+                }
+            });
+        }
+        let loads = s.published.loads.load_full();
+        let mut sums: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+        for (peer, l) in loads.iter() {
+            if *peer == s.node.id || now.saturating_sub(l.at_ms) > stale_ms {
+                continue;
+            }
+            for x in &l.loads {
+                let e = sums.entry(x.rank).or_default();
+                e.0 += x.queued_prefill;
+                e.1 += x.decodes;
+            }
+        }
+        for r in &topo.ranks {
+            let (p, d) = sums.get(&r.id).copied().unwrap_or_default();
+            r.remote_prefill.store(p, Relaxed);
+            r.remote_decodes.store(d, Relaxed);
         }
     }
 }
@@ -241,5 +447,134 @@ impl RoutingState for ClusterState {
 
     fn cluster_status(&self) -> Option<serde_json::Value> {
         Some(self.status())
+    }
+
+    fn change(&self, cmd: Command) -> ChangeFuture<'_> {
+        Box::pin(async move {
+            let (index, outcome) = self.node.propose_at(cmd).await.map_err(|e| e.to_string())?;
+            let (ok, missing) = self.node.wait_applied(index, CONFIRM).await;
+            let mut note = format!("applied at log index {index} on peers {ok:?}");
+            if !missing.is_empty() {
+                let _ = write!(note, "; not confirmed within 3 s by peers {missing:?}");
+            }
+            Ok(Changed { outcome, note })
+        })
+    }
+
+    fn render_metrics(&self, o: &mut String) {
+        let m = self.node.raft.metrics().borrow().clone();
+        let st = &self.node.stats;
+        let commit = st.committed.load(Relaxed);
+        let applied = self.published.applied.load(Relaxed);
+        let c = &self.counters;
+        let gauges: [(&str, &str, u64); 16] = [
+            ("router_raft_term", "Current Raft term.", m.current_term),
+            (
+                "router_raft_leader",
+                "Id of the leader this peer knows (0: none).",
+                m.current_leader.unwrap_or(0),
+            ),
+            (
+                "router_raft_is_leader",
+                "1 when this peer leads.",
+                u64::from(m.current_leader == Some(self.node.id)),
+            ),
+            (
+                "router_raft_last_log_index",
+                "Last log index on this peer.",
+                m.last_log_index.unwrap_or(0),
+            ),
+            (
+                "router_raft_commit_index",
+                "Committed log index this peer knows.",
+                commit,
+            ),
+            (
+                "router_raft_applied_index",
+                "Log index applied to the routing state.",
+                applied,
+            ),
+            (
+                "router_raft_apply_lag_entries",
+                "Committed entries not applied yet.",
+                commit.saturating_sub(applied),
+            ),
+            (
+                "router_raft_snapshot_index",
+                "Log index of the last snapshot.",
+                m.snapshot.map_or(0, |s| s.index),
+            ),
+            (
+                "router_raft_pending_routes",
+                "This peer's decisions proposed but not applied here (the overlay).",
+                self.published.pending_routes.load(Relaxed),
+            ),
+            (
+                "router_raft_snapshot_bytes",
+                "Size of the last snapshot built or installed.",
+                st.snapshot_bytes.load(Relaxed),
+            ),
+            (
+                "router_raft_snapshots_built_total",
+                "Snapshots built.",
+                st.snapshots_built.load(Relaxed),
+            ),
+            (
+                "router_raft_snapshots_installed_total",
+                "Snapshots received and installed.",
+                st.snapshots_installed.load(Relaxed),
+            ),
+            (
+                "router_raft_proposals_total",
+                "RecordRoutes batches proposed.",
+                c.proposals.load(Relaxed),
+            ),
+            (
+                "router_raft_proposed_routes_total",
+                "Routing decisions proposed (sum of batch sizes).",
+                c.proposed_routes.load(Relaxed),
+            ),
+            (
+                "router_raft_proposal_failures_total",
+                "Proposal attempts that failed (no leader, timeouts).",
+                c.proposal_failures.load(Relaxed),
+            ),
+            (
+                "router_raft_load_reports_total",
+                "Load snapshots this peer shared.",
+                c.load_reports.load(Relaxed),
+            ),
+        ];
+        for (name, help, v) in gauges {
+            let kind = if name.ends_with("_total") {
+                "counter"
+            } else {
+                "gauge"
+            };
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+        }
+        for (name, help, us) in [
+            (
+                "router_raft_snapshot_build_seconds",
+                "Time the last snapshot build took.",
+                st.snapshot_build_us.load(Relaxed),
+            ),
+            (
+                "router_raft_snapshot_install_seconds",
+                "Time the last snapshot install took.",
+                st.snapshot_install_us.load(Relaxed),
+            ),
+        ] {
+            let _ = writeln!(
+                o,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}",
+                us as f64 / 1e6
+            );
+        }
+        c.route_lag.render(
+            o,
+            "router_raft_route_lag_seconds",
+            "From another peer closing a batch of decisions to this peer applying it.",
+        );
     }
 }

@@ -19,6 +19,9 @@ pub struct Config {
     /// Client API key; when set, every route but `/health` and `/metrics` needs
     /// `Authorization: Bearer <key>` (or `x-api-key`).
     pub api_key: Option<String>,
+    /// Token for operator calls: the admin gRPC service (`routerctl`) and the HTTP
+    /// `/add_worker`, `/remove_worker`, `/list_workers` endpoints. Unset = admin disabled.
+    pub admin_token: Option<String>,
     /// Bearer token sent to upstreams (replaces the client's Authorization header).
     pub upstream_token: Option<String>,
     /// Routing policy: prefix, load, round_robin, session.
@@ -91,6 +94,41 @@ pub struct ClusterConfig {
     /// Longest wait before a partial batch is proposed (default 5 ms).
     #[serde(default = "batch_ms")]
     pub batch_ms: u64,
+    /// Log entries kept behind a snapshot, for peers that lag a little (default 1000).
+    #[serde(default = "keep_logs")]
+    pub keep_logs: u64,
+    /// How often this peer shares its in-flight load per rank (default 250 ms).
+    #[serde(default = "load_report_ms")]
+    pub load_report_ms: u64,
+    /// Other peers' load reports older than this are ignored (default 2000 ms).
+    #[serde(default = "load_stale_ms")]
+    pub load_stale_ms: u64,
+    /// Mutual TLS on the peer port: `ca`, `cert`, `key` (PEM). Peers must present a
+    /// certificate signed by `ca`; admin clients need TLS and the admin token.
+    #[serde(default)]
+    pub tls: Option<PeerTlsConfig>,
+}
+
+/// Peer mutual TLS files.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PeerTlsConfig {
+    /// Cluster CA certificate.
+    pub ca: PathBuf,
+    /// This peer's certificate (server and client).
+    pub cert: PathBuf,
+    /// Its key.
+    pub key: PathBuf,
+}
+
+fn keep_logs() -> u64 {
+    1000
+}
+fn load_report_ms() -> u64 {
+    250
+}
+fn load_stale_ms() -> u64 {
+    2000
 }
 
 fn hb() -> u64 {
@@ -283,6 +321,7 @@ impl Default for Config {
             listen: "127.0.0.1:8080".parse().expect("static address"),
             metrics_listen: None,
             api_key: None,
+            admin_token: None,
             upstream_token: None,
             policy: Policy::Prefix,
             seed: 0x5eed,
@@ -498,6 +537,16 @@ impl Config {
             if c.cluster_id.is_empty() {
                 return bad("cluster.cluster_id must not be empty".into());
             }
+            if let Some(t) = &c.tls {
+                for p in [&t.ca, &t.cert, &t.key] {
+                    if !p.exists() {
+                        return bad(format!("cluster.tls: {} does not exist", p.display()));
+                    }
+                }
+            }
+            if c.load_report_ms == 0 || c.load_stale_ms <= c.load_report_ms {
+                return bad("cluster: need 0 < load_report_ms < load_stale_ms".into());
+            }
             if !(c.heartbeat_ms < c.election_min_ms && c.election_min_ms < c.election_max_ms) {
                 return bad(
                     "cluster: need heartbeat_ms < election_min_ms < election_max_ms".into(),
@@ -506,6 +555,9 @@ impl Config {
         }
         if matches!(&self.api_key, Some(k) if k.is_empty()) {
             return bad("api_key must not be empty when set".into());
+        }
+        if matches!(&self.admin_token, Some(k) if k.len() < 16) {
+            return bad("admin_token must be at least 16 characters when set".into());
         }
         Ok(self)
     }

@@ -52,6 +52,41 @@ impl ApiError {
         )
     }
 
+    /// 401 on an admin endpoint: missing or wrong admin token.
+    pub fn admin_unauthorized() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "invalid_admin_token",
+            "missing or invalid admin token (send 'Authorization: Bearer <admin_token>')",
+        )
+    }
+
+    /// 403: admin endpoints are off because no admin token is configured.
+    pub fn admin_disabled() -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "permission_error",
+            "admin_disabled",
+            "admin endpoints are disabled: set admin_token (ROUTER_ADMIN_TOKEN)",
+        )
+    }
+
+    /// 404/409-style refusal of an admin change, with the state machine's reason.
+    pub fn admin_rejected(status: StatusCode, message: impl Into<String>) -> Self {
+        Self::new(status, "invalid_request_error", "admin_rejected", message)
+    }
+
+    /// 503: the change could not be made now (no leader, peers unreachable).
+    pub fn admin_unavailable(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            "admin_unavailable",
+            message,
+        )
+    }
+
     /// 404.
     pub fn not_found(path: &str) -> Self {
         Self::new(

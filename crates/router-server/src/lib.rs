@@ -1,5 +1,6 @@
 //! The router daemon as a library: build from a validated [`Config`], then run.
 
+pub mod admin;
 pub mod body;
 pub mod cluster;
 pub mod config;
@@ -89,7 +90,6 @@ pub async fn run(cfg: Config, shutdown: watch::Receiver<bool>) -> anyhow::Result
         metrics,
         health,
         tie: AtomicU64::new(0),
-        extra_metrics: None,
     });
     tracing::info!(
         listen = %cfg.listen,

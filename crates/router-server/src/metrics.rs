@@ -25,12 +25,14 @@ pub enum Route {
     Health,
     /// `/metrics`
     Metrics,
+    /// `/add_worker`, `/remove_worker`, `/list_workers`
+    Admin,
     /// anything else
     Other,
 }
 
 impl Route {
-    const ALL: [Route; 9] = [
+    const ALL: [Route; 10] = [
         Route::Chat,
         Route::Completions,
         Route::Responses,
@@ -39,6 +41,7 @@ impl Route {
         Route::Passthrough,
         Route::Health,
         Route::Metrics,
+        Route::Admin,
         Route::Other,
     ];
     fn label(self) -> &'static str {
@@ -51,6 +54,7 @@ impl Route {
             Route::Passthrough => "passthrough",
             Route::Health => "health",
             Route::Metrics => "metrics",
+            Route::Admin => "admin",
             Route::Other => "other",
         }
     }
@@ -61,19 +65,28 @@ const BUCKETS: [f64; 16] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
 
-struct Histogram {
+/// A Prometheus histogram over latency buckets (seconds), lock-free.
+pub struct Histogram {
     counts: [AtomicU64; BUCKETS.len() + 1],
     sum_us: AtomicU64,
 }
 
+impl Default for Histogram {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Histogram {
-    fn new() -> Self {
+    /// Empty.
+    pub fn new() -> Self {
         Histogram {
             counts: std::array::from_fn(|_| AtomicU64::new(0)),
             sum_us: AtomicU64::new(0),
         }
     }
-    fn observe(&self, d: Duration) {
+    /// Counts one observation.
+    pub fn observe(&self, d: Duration) {
         let s = d.as_secs_f64();
         let i = BUCKETS
             .iter()
@@ -82,7 +95,8 @@ impl Histogram {
         self.counts[i].fetch_add(1, Relaxed);
         self.sum_us.fetch_add(d.as_micros() as u64, Relaxed);
     }
-    fn render(&self, out: &mut String, name: &str, help: &str) {
+    /// Appends the exposition.
+    pub fn render(&self, out: &mut String, name: &str, help: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
         let mut cum = 0;
         for (i, b) in BUCKETS.iter().enumerate() {

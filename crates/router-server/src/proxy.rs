@@ -35,8 +35,6 @@ pub struct Ctx {
     pub health: HealthReporter,
     /// Tie-break rotation counter.
     pub tie: AtomicU64,
-    /// Extra metrics text appended at scrape time (cluster state, later).
-    pub extra_metrics: Option<Box<dyn Fn() -> String + Send + Sync>>,
 }
 
 /// Headers that describe one hop, never forwarded.
@@ -82,6 +80,7 @@ pub async fn handle(
         "/v1/models" => Route::Models,
         "/health" => Route::Health,
         "/metrics" => Route::Metrics,
+        "/add_worker" | "/remove_worker" | "/list_workers" => Route::Admin,
         p if p.starts_with("/v1/") => Route::Passthrough,
         _ => Route::Other,
     };
@@ -112,6 +111,7 @@ async fn dispatch(
         Route::Health => return Ok(health(ctx)),
         Route::Metrics => return Ok(metrics(ctx)),
         _ if metrics_only => return Err(ApiError::not_found(path)),
+        Route::Admin => return crate::admin::http(ctx, req, path).await,
         _ => {}
     }
     authorize(ctx, req.headers())?;
@@ -460,7 +460,8 @@ fn relay(
     Response::from_parts(parts, http_body_util::BodyExt::boxed_unsync(relay))
 }
 
-fn json_response(status: StatusCode, v: &serde_json::Value) -> Response<RespBody> {
+/// A JSON response with `status`.
+pub fn json_response(status: StatusCode, v: &serde_json::Value) -> Response<RespBody> {
     let mut r = Response::new(full(serde_json::to_vec(v).unwrap_or_default()));
     *r.status_mut() = status;
     r.headers_mut().insert(
@@ -519,7 +520,8 @@ fn metrics(ctx: &Ctx) -> Response<RespBody> {
             s
         })
         .collect();
-    let extra = ctx.extra_metrics.as_ref().map(|f| f()).unwrap_or_default();
+    let mut extra = String::new();
+    ctx.state.render_metrics(&mut extra);
     let text = ctx
         .metrics
         .render(&samples, &ctx.state.index_stats(), &extra);

@@ -11,8 +11,22 @@ use crate::metrics::Metrics;
 use crate::topology::Topology;
 use arc_swap::ArcSwap;
 use router_core::{Command, IndexStats, IndexView, Machine, Outcome, Route};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
+
+/// An operator's change (join, leave, drain) on its way through the state.
+pub type ChangeFuture<'a> = Pin<Box<dyn Future<Output = Result<Changed, String>> + Send + 'a>>;
+
+/// A change that took effect.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Changed {
+    /// What the state machine said.
+    pub outcome: Outcome,
+    /// Where it is visible (e.g. which peers confirmed it).
+    pub note: String,
+}
 
 /// What the data plane needs from the routing state.
 pub trait RoutingState: Send + Sync + 'static {
@@ -28,7 +42,14 @@ pub trait RoutingState: Send + Sync + 'static {
     fn cluster_status(&self) -> Option<serde_json::Value> {
         None
     }
+    /// Applies an operator's command (join, leave, drain). Returns once this router routes
+    /// by it (and, clustered, once every reachable peer does).
+    fn change(&self, cmd: Command) -> ChangeFuture<'_>;
+    /// Appends state-specific metrics (Raft) in Prometheus text.
+    fn render_metrics(&self, _out: &mut String) {}
 }
+
+type ChangeMsg = (Command, oneshot::Sender<Outcome>);
 
 /// Records buffered between the request path and the writer.
 const QUEUE: usize = 65_536;
@@ -43,6 +64,7 @@ pub struct LocalState {
     topology: ArcSwap<Topology>,
     stats: ArcSwap<IndexStats>,
     tx: mpsc::Sender<Route>,
+    changes: mpsc::Sender<ChangeMsg>,
     metrics: Arc<Metrics>,
 }
 
@@ -70,14 +92,16 @@ impl LocalState {
             );
         }
         let (tx, rx) = mpsc::channel(QUEUE);
+        let (changes, crx) = mpsc::channel(16);
         let state = Arc::new(LocalState {
             view: ArcSwap::from_pointee(model.view()),
             topology: ArcSwap::from_pointee(topology),
             stats: ArcSwap::from_pointee(model.model().stats()),
             tx,
+            changes,
             metrics,
         });
-        tokio::spawn(writer(Arc::downgrade(&state), model, rx));
+        tokio::spawn(writer(Arc::downgrade(&state), model, rx, crx));
         state
     }
 }
@@ -86,11 +110,28 @@ async fn writer(
     state: std::sync::Weak<LocalState>,
     mut model: Machine,
     mut rx: mpsc::Receiver<Route>,
+    mut changes: mpsc::Receiver<ChangeMsg>,
 ) {
     let mut batch = Vec::with_capacity(BATCH);
-    while rx.recv_many(&mut batch, BATCH).await > 0 {
-        let routes = std::mem::take(&mut batch);
-        model.apply(&Command::RecordRoutes { peer: 0, routes });
+    loop {
+        tokio::select! {
+            n = rx.recv_many(&mut batch, BATCH) => {
+                if n == 0 {
+                    return;
+                }
+                let routes = std::mem::take(&mut batch);
+                model.apply(&Command::RecordRoutes { peer: 0, at_ms: 0, routes });
+            }
+            Some((cmd, reply)) = changes.recv() => {
+                let out = model.apply(&cmd);
+                if let Some(s) = state.upgrade() {
+                    let prev = s.topology.load_full();
+                    s.topology
+                        .store(Arc::new(Topology::from_servers(model.servers(), &prev)));
+                }
+                let _ = reply.send(out);
+            }
+        }
         let Some(s) = state.upgrade() else { return };
         s.view.store(Arc::new(model.view()));
         s.stats.store(Arc::new(model.model().stats()));
@@ -118,5 +159,22 @@ impl RoutingState for LocalState {
 
     fn index_stats(&self) -> IndexStats {
         **self.stats.load()
+    }
+
+    fn change(&self, cmd: Command) -> ChangeFuture<'_> {
+        Box::pin(async move {
+            let (tx, rx) = oneshot::channel();
+            self.changes
+                .send((cmd, tx))
+                .await
+                .map_err(|_| "the routing state stopped".to_string())?;
+            let outcome = rx
+                .await
+                .map_err(|_| "the routing state stopped".to_string())?;
+            Ok(Changed {
+                outcome,
+                note: "applied on this router".into(),
+            })
+        })
     }
 }

@@ -44,6 +44,10 @@ pub struct RankState {
     pub queued_prefill: AtomicU64,
     /// Requests generating.
     pub decodes: AtomicU64,
+    /// Other router peers' queued prefill on this rank (their latest load reports).
+    pub remote_prefill: AtomicU64,
+    /// Other router peers' decodes on this rank.
+    pub remote_decodes: AtomicU64,
     /// Requests in flight.
     pub inflight: AtomicU64,
     /// Requests sent here.
@@ -65,8 +69,8 @@ impl RankState {
             rank: self.id,
             key: self.key,
             weight: self.weight,
-            queued_prefill: self.queued_prefill.load(Relaxed),
-            decodes: self.decodes.load(Relaxed),
+            queued_prefill: self.queued_prefill.load(Relaxed) + self.remote_prefill.load(Relaxed),
+            decodes: self.decodes.load(Relaxed) + self.remote_decodes.load(Relaxed),
         }
     }
 
@@ -112,6 +116,8 @@ impl Topology {
                     capacity_tokens: u.capacity_tokens.unwrap_or(default_capacity),
                     queued_prefill: AtomicU64::new(0),
                     decodes: AtomicU64::new(0),
+                    remote_prefill: AtomicU64::new(0),
+                    remote_decodes: AtomicU64::new(0),
                     inflight: AtomicU64::new(0),
                     requests: AtomicU64::new(0),
                 }));
@@ -165,12 +171,15 @@ impl Topology {
                     capacity_tokens: s.capacity_tokens,
                     queued_prefill: AtomicU64::new(0),
                     decodes: AtomicU64::new(0),
+                    remote_prefill: AtomicU64::new(0),
+                    remote_decodes: AtomicU64::new(0),
                     inflight: AtomicU64::new(0),
                     requests: AtomicU64::new(0),
                 }));
             }
             t.upstreams.push(up);
         }
+        t.ranks.sort_by_key(|r| r.id);
         t
     }
 
