@@ -1,6 +1,7 @@
 //! Helpers for the integration tests: build and start the real binaries, a small fake
 //! engine that speaks enough of the OpenAI API, and an HTTP client.
 
+pub mod cluster;
 pub mod engine;
 
 use bytes::Bytes;
@@ -41,6 +42,19 @@ pub fn bin(name: &str) -> PathBuf {
         // invalidate each other's artifacts.
         cmd.current_dir(workspace())
             .args(["build", "--quiet", "--workspace", "--all-targets"]);
+        // `cargo test` gives its test processes a LD_LIBRARY_PATH and package variables that
+        // a shell does not have; some build scripts watch them, and a nested build that saw
+        // them would rebuild half the graph in every test binary (and again in the shell).
+        for (k, _) in std::env::vars() {
+            if k == "LD_LIBRARY_PATH"
+                || k.starts_with("CARGO_PKG_")
+                || k.starts_with("CARGO_MANIFEST_")
+                || k == "CARGO_CRATE_NAME"
+                || k == "CARGO_PRIMARY_PACKAGE"
+            {
+                cmd.env_remove(k);
+            }
+        }
         if release {
             cmd.arg("--release");
         }

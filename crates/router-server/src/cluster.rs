@@ -48,6 +48,50 @@ struct Published {
 }
 
 impl Published {
+    fn lock_pending(&self) -> std::sync::MutexGuard<'_, VecDeque<Pending>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds decisions to batch `seq` and to the overlay view at once.
+    fn add_pending(&self, seq: u64, routes: Vec<Route>) {
+        let mut pending = self.lock_pending();
+        let view = self.view.load_full().overlay(routes.iter());
+        self.view.store(Arc::new(view));
+        self.pending_routes.fetch_add(routes.len() as u64, Relaxed);
+        match pending.iter_mut().find(|b| b.seq == seq) {
+            Some(b) => b.routes.extend(routes),
+            None => pending.push_back(Pending {
+                seq,
+                routes,
+                index: None,
+            }),
+        }
+    }
+
+    fn pending_routes_of(&self, seq: u64) -> Vec<Route> {
+        self.lock_pending()
+            .iter()
+            .find(|b| b.seq == seq)
+            .map(|b| b.routes.clone())
+            .unwrap_or_default()
+    }
+
+    /// Batch `seq` got log index `index` (None: dropped). Until the log applies it here it
+    /// stays in the overlay; if it already was applied (or was dropped), it leaves now.
+    fn settle(&self, seq: u64, index: Option<u64>) {
+        let mut pending = self.lock_pending();
+        let Some(k) = pending.iter().position(|b| b.seq == seq) else {
+            return;
+        };
+        match index {
+            Some(i) if i > self.applied.load(Relaxed) => pending[k].index = Some(i),
+            _ => {
+                pending.remove(k);
+                self.republish(&pending);
+            }
+        }
+    }
+
     /// Recomputes the overlay view from the applied view and the pending batches.
     fn republish(&self, pending: &VecDeque<Pending>) {
         let base = self.applied_view.load_full();
@@ -83,6 +127,8 @@ pub struct ClusterState {
 }
 
 const QUEUE: usize = 65_536;
+/// Proposals in flight at once from one peer.
+const PIPELINE: usize = 4;
 /// How long an admin change waits for every peer to apply it.
 const CONFIRM: Duration = Duration::from_secs(3);
 
@@ -266,7 +312,7 @@ fn on_apply(p: Arc<Published>, counters: Arc<RaftCounters>, me: u64) -> OnApply 
             p.loads.store(Arc::new(st.machine.loads().clone()));
         }
         {
-            let mut pending = p.pending.lock().unwrap_or_else(|e| e.into_inner());
+            let mut pending = p.lock_pending();
             pending.retain(|b| b.index.is_none_or(|i| i > applied));
             p.republish(&pending);
         }
@@ -289,8 +335,10 @@ fn on_apply(p: Arc<Published>, counters: Arc<RaftCounters>, me: u64) -> OnApply 
 }
 
 /// Batches decisions into `RecordRoutes` proposals: at most `max` routes or `wait` of
-/// waiting each. Followers forward to the leader. Without a leader the batch is retried a
-/// few times, then dropped and counted (the map is a cache; losing a batch costs hits, not
+/// waiting each, with up to [`PIPELINE`] proposals in flight. Followers forward to the
+/// leader. Each decision enters the overlay view as soon as it arrives here, so this peer
+/// routes by it before the log applies it. Without a leader a batch is retried a few times,
+/// then dropped and counted (the map is a cache; losing a batch costs hits, not
 /// correctness).
 async fn proposer(
     state: Arc<ClusterState>,
@@ -298,72 +346,63 @@ async fn proposer(
     max: usize,
     wait: Duration,
 ) {
-    let mut batch: Vec<Route> = Vec::with_capacity(max);
+    let inflight = Arc::new(tokio::sync::Semaphore::new(PIPELINE));
+    let mut first: Vec<Route> = Vec::with_capacity(max);
     let mut next_seq = 0u64;
     loop {
-        if rx.recv_many(&mut batch, max).await == 0 {
+        if rx.recv_many(&mut first, max).await == 0 {
             return;
         }
+        let seq = next_seq;
+        next_seq += 1;
+        let p = &state.published;
+        let mut n = first.len();
+        p.add_pending(seq, std::mem::take(&mut first));
         let deadline = tokio::time::Instant::now() + wait;
-        while batch.len() < max {
+        while n < max {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(r)) => batch.push(r),
+                Ok(Some(r)) => {
+                    p.add_pending(seq, vec![r]);
+                    n += 1;
+                }
                 _ => break,
             }
         }
-        let routes = std::mem::take(&mut batch);
-        let n = routes.len();
-        let p = &state.published;
-        let seq = next_seq;
-        next_seq += 1;
-        {
-            let mut pending = p.pending.lock().unwrap_or_else(|e| e.into_inner());
-            pending.push_back(Pending {
-                seq,
-                routes: routes.clone(),
-                index: None,
-            });
-            p.republish(&pending);
-        }
-        let cmd = Command::RecordRoutes {
-            peer: state.node.id,
-            at_ms: now_ms(),
-            routes,
+        let Ok(permit) = inflight.clone().acquire_owned().await else {
+            return;
         };
-        state.counters.proposals.fetch_add(1, Relaxed);
-        state.counters.proposed_routes.fetch_add(n as u64, Relaxed);
-        let mut index = None;
-        for attempt in 0..5u64 {
-            match state.node.propose_at(cmd.clone()).await {
-                Ok((i, _)) => {
-                    index = Some(i);
-                    break;
-                }
-                Err(e) => {
-                    state.counters.proposal_failures.fetch_add(1, Relaxed);
-                    tracing::debug!(error = %e, attempt, "proposal failed");
-                    tokio::time::sleep(Duration::from_millis(50 * (attempt + 1))).await;
-                }
-            }
-        }
-        if index.is_none() {
-            for _ in 0..n {
-                state.metrics.record_dropped();
-            }
-        }
-        // Until the log applies it here, the batch stays in the overlay; if it already was
-        // applied (or was dropped), it leaves now.
-        let mut pending = p.pending.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(k) = pending.iter().position(|b| b.seq == seq) {
-            let applied = p.applied.load(Relaxed);
-            match index {
-                Some(i) if i > applied => pending[k].index = Some(i),
-                _ => {
-                    pending.remove(k);
-                    p.republish(&pending);
+        let routes = p.pending_routes_of(seq);
+        let st = state.clone();
+        tokio::spawn(async move {
+            let cmd = Command::RecordRoutes {
+                peer: st.node.id,
+                at_ms: now_ms(),
+                routes,
+            };
+            st.counters.proposals.fetch_add(1, Relaxed);
+            st.counters.proposed_routes.fetch_add(n as u64, Relaxed);
+            let mut index = None;
+            for attempt in 0..5u64 {
+                match st.node.propose_at(cmd.clone()).await {
+                    Ok((i, _)) => {
+                        index = Some(i);
+                        break;
+                    }
+                    Err(e) => {
+                        st.counters.proposal_failures.fetch_add(1, Relaxed);
+                        tracing::debug!(error = %e, attempt, "proposal failed");
+                        tokio::time::sleep(Duration::from_millis(50 * (attempt + 1))).await;
+                    }
                 }
             }
-        }
+            if index.is_none() {
+                for _ in 0..n {
+                    st.metrics.record_dropped();
+                }
+            }
+            st.published.settle(seq, index);
+            drop(permit);
+        });
     }
 }
 

@@ -55,7 +55,9 @@ type ChangeMsg = (Command, oneshot::Sender<Outcome>);
 const QUEUE: usize = 65_536;
 /// Records applied before a new view is published.
 const BATCH: usize = 4096;
-/// Shortest interval between two published views.
+/// A batch at least this large means load: wait [`PUBLISH_EVERY`] before the next one.
+const BUSY: usize = 16;
+/// Shortest interval between two published views under load.
 const PUBLISH_EVERY: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Single-node state.
@@ -113,6 +115,7 @@ async fn writer(
     mut changes: mpsc::Receiver<ChangeMsg>,
 ) {
     let mut batch = Vec::with_capacity(BATCH);
+    let mut busy = false;
     loop {
         tokio::select! {
             n = rx.recv_many(&mut batch, BATCH) => {
@@ -121,6 +124,7 @@ async fn writer(
                 }
                 let routes = std::mem::take(&mut batch);
                 model.apply(&Command::RecordRoutes { peer: 0, at_ms: 0, routes });
+                busy = n >= BUSY;
             }
             Some((cmd, reply)) = changes.recv() => {
                 let out = model.apply(&cmd);
@@ -137,8 +141,11 @@ async fn writer(
         s.stats.store(Arc::new(model.model().stats()));
         drop(s);
         // Under load, let records pile up for a moment: one wakeup and one published view
-        // per millisecond instead of one per request. Follow-up turns come seconds later.
-        tokio::time::sleep(PUBLISH_EVERY).await;
+        // per millisecond instead of one per request. When quiet, a decision is visible
+        // at once (a client may send its next request within a millisecond).
+        if busy {
+            tokio::time::sleep(PUBLISH_EVERY).await;
+        }
     }
 }
 

@@ -1,0 +1,377 @@
+//! `routerctl`: operator CLI for a router cluster. Talks to any peer's admin gRPC service
+//! (writes go through the leader); human tables by default, `--json` for scripts.
+
+use clap::{Parser, Subcommand};
+use router_proto::v1::admin_client::AdminClient;
+use router_proto::v1::{
+    AddPeerRequest, AdminReply, DrainRequest, Empty, JoinRequest, RemovePeerRequest, ServerInfo,
+    ServerRequest, StatusReply,
+};
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::Duration;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+/// Admin CLI for the router cluster.
+#[derive(Parser, Debug)]
+#[command(name = "routerctl", version)]
+struct Cli {
+    /// Admin (peer gRPC) address of any router peer, host:port.
+    #[arg(
+        long,
+        global = true,
+        env = "ROUTERCTL_ROUTER",
+        default_value = "127.0.0.1:7081"
+    )]
+    router: String,
+    /// Admin token (the routers' admin_token).
+    #[arg(long, global = true, env = "ROUTERCTL_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// CA certificate that signed the routers' peer certificates (enables TLS).
+    #[arg(long, global = true, env = "ROUTERCTL_CA")]
+    ca: Option<PathBuf>,
+    /// Client certificate (optional with TLS; the admin token is what authorizes).
+    #[arg(long, global = true, env = "ROUTERCTL_CERT", requires = "key")]
+    cert: Option<PathBuf>,
+    /// Client key.
+    #[arg(long, global = true, env = "ROUTERCTL_KEY", requires = "cert")]
+    key: Option<PathBuf>,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Seconds to wait for an answer.
+    #[arg(long, global = true, default_value_t = 30)]
+    timeout: u64,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Add an engine server (or change its capacity and weight).
+    Join {
+        /// Base URL, e.g. http://10.0.0.5:8000
+        url: String,
+        /// Data-parallel ranks behind the URL.
+        #[arg(long, default_value_t = 1)]
+        ranks: u32,
+        /// KV capacity per rank in tokens (default: the routers' default).
+        #[arg(long)]
+        capacity_tokens: Option<u64>,
+        /// Relative speed.
+        #[arg(long, default_value_t = 1.0)]
+        weight: f64,
+    },
+    /// Remove an engine server: no new request goes there once this returns.
+    Leave {
+        /// Base URL.
+        url: String,
+    },
+    /// Stop sending new requests to a server; in-flight ones finish. `--undo` resumes.
+    Drain {
+        /// Base URL.
+        url: String,
+        /// Resume instead.
+        #[arg(long)]
+        undo: bool,
+    },
+    /// List engine servers with health and load.
+    Servers,
+    /// Leader, term, indexes per peer, servers, map size.
+    Status,
+    /// Router peers (Raft members).
+    Peers {
+        #[command(subcommand)]
+        cmd: PeerCmd,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum PeerCmd {
+    /// Add a router peer: learner first, voter once caught up. Ids are never reused.
+    Add {
+        /// Node id.
+        id: u64,
+        /// Its peer gRPC address, host:port.
+        addr: String,
+    },
+    /// Remove a router peer; its id is retired.
+    Remove {
+        /// Node id.
+        id: u64,
+    },
+}
+
+struct Conn {
+    tls: Option<ClientTlsConfig>,
+    token: Option<String>,
+    timeout: Duration,
+}
+
+impl Conn {
+    async fn client(&self, addr: &str) -> anyhow::Result<AdminClient<Channel>> {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let mut e = Endpoint::from_shared(format!("{scheme}://{addr}"))?
+            .connect_timeout(Duration::from_secs(3))
+            .timeout(self.timeout);
+        if let Some(t) = &self.tls {
+            e = e.tls_config(t.clone())?;
+        }
+        let ch = e
+            .connect()
+            .await
+            .map_err(|err| anyhow::anyhow!("cannot reach {addr}: {err}"))?;
+        Ok(AdminClient::new(ch))
+    }
+
+    fn req<T>(&self, msg: T) -> anyhow::Result<tonic::Request<T>> {
+        let mut r = tonic::Request::new(msg);
+        if let Some(t) = &self.token {
+            r.metadata_mut()
+                .insert("authorization", format!("Bearer {t}").parse()?);
+        }
+        Ok(r)
+    }
+}
+
+fn status_error(s: tonic::Status) -> anyhow::Error {
+    let hint = match s.code() {
+        tonic::Code::Unauthenticated => " (pass --token or ROUTERCTL_TOKEN)",
+        _ => "",
+    };
+    anyhow::anyhow!("{:?}: {}{hint}", s.code(), s.message())
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("routerctl: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn tls(cli: &Cli) -> anyhow::Result<Option<ClientTlsConfig>> {
+    let Some(ca) = &cli.ca else { return Ok(None) };
+    let read =
+        |p: &PathBuf| std::fs::read(p).map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()));
+    let mut t = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca)?));
+    if let (Some(c), Some(k)) = (&cli.cert, &cli.key) {
+        t = t.identity(Identity::from_pem(read(c)?, read(k)?));
+    }
+    Ok(Some(t))
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let conn = Conn {
+        tls: tls(&cli)?,
+        token: cli.token.clone(),
+        timeout: Duration::from_secs(cli.timeout),
+    };
+    let mut c = conn.client(&cli.router).await?;
+    match cli.cmd {
+        Cmd::Join {
+            url,
+            ranks,
+            capacity_tokens,
+            weight,
+        } => {
+            let r = c
+                .join(conn.req(JoinRequest {
+                    url: url.clone(),
+                    ranks,
+                    capacity_tokens: capacity_tokens.unwrap_or(0),
+                    weight,
+                })?)
+                .await
+                .map_err(status_error)?
+                .into_inner();
+            reply(
+                cli.json,
+                &format!("joined {url} as ranks {:?}", r.ranks),
+                &r,
+            );
+        }
+        Cmd::Leave { url } => {
+            let r = c
+                .leave(conn.req(ServerRequest { url: url.clone() })?)
+                .await
+                .map_err(status_error)?
+                .into_inner();
+            reply(cli.json, &format!("{url} left"), &r);
+        }
+        Cmd::Drain { url, undo } => {
+            let r = c
+                .drain(conn.req(DrainRequest {
+                    url: url.clone(),
+                    draining: !undo,
+                })?)
+                .await
+                .map_err(status_error)?
+                .into_inner();
+            let what = if undo { "resumed" } else { "draining" };
+            reply(cli.json, &format!("{url} {what}"), &r);
+        }
+        Cmd::Servers => {
+            let r = c
+                .servers(conn.req(Empty {})?)
+                .await
+                .map_err(status_error)?
+                .into_inner();
+            if cli.json {
+                println!(
+                    "{}",
+                    json!({"servers": r.servers.iter().map(server_json).collect::<Vec<_>>()})
+                );
+            } else {
+                print_servers(&r.servers);
+            }
+        }
+        Cmd::Status => {
+            let me = c
+                .status(conn.req(Empty {})?)
+                .await
+                .map_err(status_error)?
+                .into_inner();
+            // Every peer's own view of its indexes; an unreachable peer is shown as such.
+            let mut per_peer = Vec::new();
+            for p in &me.peers {
+                let s = if p.node_id == me.node_id {
+                    Ok(me.clone())
+                } else {
+                    match conn.client(&p.addr).await {
+                        Ok(mut pc) => pc
+                            .status(conn.req(Empty {})?)
+                            .await
+                            .map(|r| r.into_inner())
+                            .map_err(|e| e.message().to_owned()),
+                        Err(e) => Err(e.to_string()),
+                    }
+                };
+                per_peer.push((p.clone(), s));
+            }
+            if cli.json {
+                let peers: Vec<_> = per_peer
+                    .iter()
+                    .map(|(p, s)| match s {
+                        Ok(s) => json!({"node_id": p.node_id, "addr": p.addr, "voter": p.voter,
+                            "role": s.role, "term": s.term, "leader": s.leader,
+                            "last_log_index": s.last_log_index, "commit_index": s.commit_index,
+                            "applied_index": s.applied_index, "lag": me.commit_index.saturating_sub(s.applied_index),
+                            "snapshot_index": s.snapshot_index, "state_digest": format!("{:016x}", s.state_digest),
+                            "map_entries": s.map_entries}),
+                        Err(e) => json!({"node_id": p.node_id, "addr": p.addr, "voter": p.voter, "error": e}),
+                    })
+                    .collect();
+                println!(
+                    "{}",
+                    json!({"node_id": me.node_id, "leader": me.leader, "term": me.term,
+                        "commit_index": me.commit_index, "applied_index": me.applied_index,
+                        "map_entries": me.map_entries, "state_digest": format!("{:016x}", me.state_digest),
+                        "peers": peers, "servers": me.servers.iter().map(server_json).collect::<Vec<_>>()})
+                );
+            } else {
+                print_status(&me, &per_peer);
+            }
+        }
+        Cmd::Peers { cmd } => {
+            let r = match cmd {
+                PeerCmd::Add { id, addr } => c
+                    .add_peer(conn.req(AddPeerRequest { node_id: id, addr })?)
+                    .await
+                    .map_err(status_error)?
+                    .into_inner(),
+                PeerCmd::Remove { id } => c
+                    .remove_peer(conn.req(RemovePeerRequest { node_id: id })?)
+                    .await
+                    .map_err(status_error)?
+                    .into_inner(),
+            };
+            reply(cli.json, "done", &r);
+        }
+    }
+    Ok(())
+}
+
+fn reply(as_json: bool, what: &str, r: &AdminReply) {
+    if as_json {
+        println!(
+            "{}",
+            json!({"ok": r.ok, "message": r.message, "ranks": r.ranks})
+        );
+    } else {
+        println!("{what}: {}", r.message);
+    }
+}
+
+fn server_json(s: &ServerInfo) -> serde_json::Value {
+    json!({"url": s.url, "ranks": s.ranks, "capacity_tokens": s.capacity_tokens, "weight": s.weight,
+        "draining": s.draining, "up": s.up, "inflight": s.inflight})
+}
+
+fn print_servers(servers: &[ServerInfo]) {
+    println!(
+        "{:<32} {:<12} {:>10} {:>6} {:<6} {:<9} {:>8}",
+        "URL", "RANKS", "CAPACITY", "WEIGHT", "HEALTH", "STATE", "INFLIGHT"
+    );
+    for s in servers {
+        let ranks = s
+            .ranks
+            .iter()
+            .map(|r| r.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        println!(
+            "{:<32} {:<12} {:>10} {:>6.2} {:<6} {:<9} {:>8}",
+            s.url,
+            ranks,
+            s.capacity_tokens,
+            s.weight,
+            if s.up { "up" } else { "down" },
+            if s.draining { "draining" } else { "active" },
+            s.inflight
+        );
+    }
+}
+
+fn print_status(
+    me: &StatusReply,
+    peers: &[(router_proto::v1::PeerInfo, Result<StatusReply, String>)],
+) {
+    println!(
+        "leader {}  term {}  commit {}  map entries {}  digest {:016x}",
+        me.leader, me.term, me.commit_index, me.map_entries, me.state_digest
+    );
+    println!();
+    println!(
+        "{:<5} {:<22} {:<8} {:<10} {:>8} {:>8} {:>8} {:>6} {:<16}",
+        "PEER", "ADDR", "VOTER", "ROLE", "LOG", "COMMIT", "APPLIED", "LAG", "DIGEST"
+    );
+    for (p, s) in peers {
+        match s {
+            Ok(s) => println!(
+                "{:<5} {:<22} {:<8} {:<10} {:>8} {:>8} {:>8} {:>6} {:016x}",
+                p.node_id,
+                p.addr,
+                if p.voter { "voter" } else { "learner" },
+                s.role,
+                s.last_log_index,
+                s.commit_index,
+                s.applied_index,
+                me.commit_index.saturating_sub(s.applied_index),
+                s.state_digest
+            ),
+            Err(e) => println!(
+                "{:<5} {:<22} {:<8} unreachable: {e}",
+                p.node_id,
+                p.addr,
+                if p.voter { "voter" } else { "learner" }
+            ),
+        }
+    }
+    println!();
+    print_servers(&me.servers);
+}

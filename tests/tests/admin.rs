@@ -1,0 +1,338 @@
+//! Operating a running three-router cluster with mutual TLS between peers: `routerctl`
+//! (token required) joins, drains and removes engine servers mid-run, the
+//! vllm-router-compatible HTTP endpoints do the same, and the peer port refuses callers
+//! without the cluster's certificate or with another cluster's id.
+
+use router_proto::v1::peer_client::PeerClient;
+use router_proto::v1::RaftMessage;
+use router_tests::cluster::{wait_until, Cluster, Pki};
+use router_tests::engine::{fleet, FakeEngine};
+use router_tests::*;
+use std::time::{Duration, Instant};
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+
+const TOKEN: &str = "test-admin-token-0123456789";
+
+struct Ctl {
+    router: String,
+    pki: Pki,
+}
+
+impl Ctl {
+    /// Runs routerctl; returns (success, stdout, stderr).
+    async fn run(&self, token: Option<&str>, args: &[&str]) -> (bool, String, String) {
+        let mut cmd = tokio::process::Command::new(bin("routerctl"));
+        cmd.args(["--router", &self.router])
+            .arg("--ca")
+            .arg(&self.pki.ca)
+            .args(args)
+            .env_remove("ROUTERCTL_TOKEN");
+        if let Some(t) = token {
+            cmd.env("ROUTERCTL_TOKEN", t);
+        }
+        let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
+            .await
+            .expect("routerctl timed out")
+            .expect("routerctl runs");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    async fn ok(&self, args: &[&str]) -> String {
+        let (ok, out, err) = self.run(Some(TOKEN), args).await;
+        assert!(ok, "routerctl {args:?} failed: {err}");
+        out
+    }
+}
+
+fn engine_of(engines: &[FakeEngine], r: &Reply) -> usize {
+    let up = r.header("x-router-upstream").expect("upstream header");
+    engines
+        .iter()
+        .position(|e| e.url() == up)
+        .unwrap_or_else(|| panic!("unknown upstream {up}"))
+}
+
+async fn turn(c: &Cluster, peer: usize, conv: &Conversation, headers: &[(&str, &str)]) -> Reply {
+    let r = post(
+        &format!("http://{}/v1/chat/completions", c.http[peer]),
+        &conv.body("m", false),
+        headers,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    r
+}
+
+async fn admin_http(c: &Cluster, method: &str, path: &str, token: Option<&str>) -> Reply {
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let h: Vec<(&str, &str)> = auth
+        .as_deref()
+        .map(|a| vec![("authorization", a)])
+        .unwrap_or_default();
+    send(
+        method,
+        &format!("http://{}{path}", c.http[1]),
+        Vec::new(),
+        &h,
+    )
+    .await
+}
+
+async fn vote_with(
+    addr: std::net::SocketAddr,
+    tls: ClientTlsConfig,
+    cluster_id: &str,
+) -> Result<(), String> {
+    let ch = Endpoint::from_shared(format!("https://{addr}"))
+        .map_err(|e| e.to_string())?
+        .tls_config(tls)
+        .map_err(|e| e.to_string())?
+        .connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let mut c = PeerClient::new(ch);
+    let mut req = tonic::Request::new(RaftMessage {
+        cluster_id: cluster_id.into(),
+        payload: b"{}".to_vec(),
+        error: String::new(),
+    });
+    req.set_timeout(Duration::from_secs(2));
+    c.applied(req)
+        .await
+        .map(|_| ())
+        .map_err(|s| format!("{:?}: {}", s.code(), s.message()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routerctl_and_http_admin_change_servers_on_every_peer() {
+    let t0 = Instant::now();
+    let engines = fleet(3).await;
+    let (http, raft) = Cluster::addresses(3);
+    let certs = TempDir::new("pki");
+    let pki = Pki::generate(&certs, "good", &raft);
+    let rogue = Pki::generate(&certs, "rogue", &raft);
+    let top = format!(
+        "admin_token = \"{TOKEN}\"\n[health]\ninterval_ms = 500\n[[upstreams]]\nurl = \"{}\"\n[[upstreams]]\nurl = \"{}\"\n",
+        engines[0].url(),
+        engines[1].url()
+    );
+    let tls = format!(
+        "[cluster.tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n",
+        pki.ca.display(),
+        pki.cert.display(),
+        pki.key.display()
+    );
+    let c = Cluster::start(http, raft, &top, &tls).await;
+    c.wait_formed(2, 30).await;
+    eprintln!("cluster formed over mTLS after {:?}", t0.elapsed());
+    let ctl = Ctl {
+        router: c.raft[2].to_string(),
+        pki: pki.clone(),
+    };
+
+    // Admin needs the token, on gRPC and HTTP.
+    let (ok, _, err) = ctl.run(None, &["servers"]).await;
+    assert!(!ok && err.contains("token"), "no token: {err}");
+    let (ok, _, err) = ctl.run(Some("wrong-token-wrong-token"), &["servers"]).await;
+    assert!(!ok && err.contains("Unauthenticated"), "wrong token: {err}");
+    let r = admin_http(&c, "GET", "/list_workers", None).await;
+    assert_eq!(r.status, 401);
+    assert_eq!(r.json()["error"]["code"], "invalid_admin_token");
+    let r = admin_http(&c, "GET", "/list_workers", Some("nope")).await;
+    assert_eq!(r.status, 401);
+    let r = admin_http(&c, "GET", "/list_workers", Some(TOKEN)).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["urls"].as_array().unwrap().len(), 2);
+
+    // The peer port: the cluster's certificate with the right id passes; no client
+    // certificate, another CA's certificate, or another cluster id is refused.
+    let good = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(std::fs::read(&pki.ca).unwrap()))
+        .identity(Identity::from_pem(
+            std::fs::read(&pki.cert).unwrap(),
+            std::fs::read(&pki.key).unwrap(),
+        ));
+    let bare = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(std::fs::read(&pki.ca).unwrap()));
+    let foreign = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(std::fs::read(&pki.ca).unwrap()))
+        .identity(Identity::from_pem(
+            std::fs::read(&rogue.cert).unwrap(),
+            std::fs::read(&rogue.key).unwrap(),
+        ));
+    assert_eq!(vote_with(c.raft[0], good.clone(), "test").await, Ok(()));
+    let e = vote_with(c.raft[0], bare, "test").await.unwrap_err();
+    assert!(e.contains("Unauthenticated"), "no client cert: {e}");
+    let e = vote_with(c.raft[0], foreign, "test").await.unwrap_err();
+    assert!(!e.is_empty(), "a certificate of another CA was accepted");
+    let e = vote_with(c.raft[0], good, "other-cluster")
+        .await
+        .unwrap_err();
+    assert!(e.contains("PermissionDenied"), "wrong cluster id: {e}");
+
+    let status = ctl.ok(&["status", "--json"]).await;
+    let s: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(s["peers"].as_array().unwrap().len(), 3, "{s}");
+    assert!(s["leader"].as_u64().unwrap() > 0);
+    let table = ctl.ok(&["status"]).await;
+    assert!(
+        table.contains("APPLIED") && table.contains(&engines[0].url()),
+        "{table}"
+    );
+
+    // Join mid-run: new conversations reach the new server within 2 s of the command.
+    let joined_at = Instant::now();
+    let out = ctl
+        .ok(&["join", &engines[2].url(), "--capacity-tokens", "200000"])
+        .await;
+    assert!(out.contains("joined"), "{out}");
+    let mut first_on_new = None;
+    for k in 0..60u64 {
+        let conv = Conversation::new(10_000 + k, 3000);
+        let r = turn(&c, (k % 3) as usize, &conv, &[]).await;
+        if engine_of(&engines, &r) == 2 {
+            first_on_new = Some(joined_at.elapsed());
+            break;
+        }
+    }
+    let first = first_on_new.expect("the joined server never got a new conversation");
+    eprintln!("joined server took its first new conversation {first:?} after the join began");
+    assert!(first < Duration::from_secs(2), "{first:?}");
+    let servers = ctl.ok(&["servers", "--json"]).await;
+    let sv: serde_json::Value = serde_json::from_str(&servers).unwrap();
+    assert_eq!(sv["servers"].as_array().unwrap().len(), 3, "{sv}");
+
+    // Drain engine 0 while a slow stream runs on it: the stream finishes, nothing new
+    // goes there from any peer.
+    let mut pinned = None;
+    for k in 0..60u64 {
+        let conv = Conversation::new(20_000 + k, 3000);
+        let r = turn(&c, 0, &conv, &[]).await;
+        if engine_of(&engines, &r) == 0 {
+            pinned = Some(conv);
+            break;
+        }
+    }
+    let pinned = pinned.expect("no conversation landed on engine 0");
+    // An agent's next turn comes after it ran its tools; by then every peer knows the route.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let slow_url = format!("http://{}/v1/chat/completions", c.http[0]);
+    let slow_body = pinned.body("m", true);
+    let slow = tokio::spawn(async move {
+        post(
+            &slow_url,
+            &slow_body,
+            &[("x-fake-chunks", "8"), ("x-fake-gap-ms", "250")],
+        )
+        .await
+    });
+    wait_until("the slow stream in flight", 5, async || {
+        c.health(0).await.is_some_and(|h| {
+            h["upstreams"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|u| u["url"] == engines[0].url() && u["inflight"].as_u64() > Some(0))
+        })
+    })
+    .await;
+    let completed_before = engines[0]
+        .state
+        .completed
+        .load(std::sync::atomic::Ordering::Relaxed);
+    ctl.ok(&["drain", &engines[0].url()]).await;
+    let before = engines[0].count();
+    for k in 0..24u64 {
+        let mut conv = Conversation::new(30_000 + k, 3000);
+        turn(&c, (k % 3) as usize, &conv, &[]).await;
+        conv.advance("ok", 500);
+        turn(&c, ((k + 1) % 3) as usize, &conv, &[]).await;
+    }
+    // The pinned conversation moves too.
+    turn(&c, 1, &pinned, &[]).await;
+    assert_eq!(
+        engines[0].count(),
+        before,
+        "a drained server got new requests"
+    );
+    let r = slow.await.unwrap();
+    assert_eq!(r.status, 200);
+    let body = String::from_utf8_lossy(&r.body);
+    assert!(
+        body.contains("[DONE]"),
+        "the in-flight stream was cut: {body}"
+    );
+    assert!(
+        engines[0]
+            .state
+            .completed
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > completed_before,
+        "the in-flight stream did not complete on the drained server"
+    );
+    ctl.ok(&["drain", "--undo", &engines[0].url()]).await;
+
+    // Leave: after the command returns, no peer sends anything there.
+    ctl.ok(&["leave", &engines[1].url()]).await;
+    let before = engines[1].count();
+    for k in 0..30u64 {
+        let conv = Conversation::new(40_000 + k, 3000);
+        turn(&c, (k % 3) as usize, &conv, &[]).await;
+    }
+    assert_eq!(engines[1].count(), before, "a departed server got requests");
+    let (ok, _, err) = ctl.run(Some(TOKEN), &["leave", &engines[1].url()]).await;
+    assert!(!ok && err.contains("no server"), "{err}");
+
+    // The same through the vllm-router-style HTTP endpoints, on another peer.
+    let enc = |u: &str| u.replace(':', "%3A").replace('/', "%2F");
+    let r = admin_http(
+        &c,
+        "POST",
+        &format!("/add_worker?url={}", enc(&engines[1].url())),
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let mut back = false;
+    for k in 0..60u64 {
+        let conv = Conversation::new(50_000 + k, 3000);
+        if engine_of(&engines, &turn(&c, (k % 3) as usize, &conv, &[]).await) == 1 {
+            back = true;
+            break;
+        }
+    }
+    assert!(back, "a server added with /add_worker got no traffic");
+    let r = admin_http(
+        &c,
+        "POST",
+        &format!("/remove_worker?url={}", engines[2].url()),
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let r = admin_http(&c, "GET", "/list_workers", Some(TOKEN)).await;
+    let urls = r.json()["urls"].clone();
+    assert_eq!(urls.as_array().unwrap().len(), 2, "{urls}");
+    assert!(!urls.to_string().contains(&engines[2].url()));
+    let r = admin_http(
+        &c,
+        "POST",
+        "/remove_worker?url=http%3A%2F%2F127.0.0.1%3A1",
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(r.status, 404);
+    let r = admin_http(&c, "POST", "/add_worker?url=ftp%3A%2F%2Fx", Some(TOKEN)).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["code"], "invalid_url");
+    let r = admin_http(&c, "GET", "/add_worker?url=x", Some(TOKEN)).await;
+    assert_eq!(r.status, 405);
+
+    c.wait_converged(10).await;
+    eprintln!("done after {:?}", t0.elapsed());
+}
