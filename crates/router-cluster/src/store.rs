@@ -288,6 +288,10 @@ impl StateMachineStore {
             st.last_applied = f.meta.last_log_id;
             st.membership = f.meta.last_membership;
         }
+        // Readers get the restored state before the log replays the rest.
+        if let Some(f) = &on_apply {
+            f(&st);
+        }
         Ok(StateMachineStore {
             state: Arc::new(RwLock::new(st)),
             snapshots,
