@@ -52,12 +52,15 @@ pub struct CompareArgs {
     pub workdir: Option<std::path::PathBuf>,
 }
 
-struct Fleet {
+/// A running engine-sim fleet.
+pub struct Fleet {
     _proc: Proc,
-    addrs: Vec<String>,
+    /// One address per rank.
+    pub addrs: Vec<String>,
 }
 
-async fn start_fleet(a: &CompareArgs, dir: &Path, tag: &str) -> anyhow::Result<Fleet> {
+/// Starts one enginesim process with a port per rank.
+pub async fn start_fleet(a: &CompareArgs, dir: &Path, tag: &str) -> anyhow::Result<Fleet> {
     let mut cmd = Command::new(sibling("enginesim")?);
     let mut addrs = Vec::new();
     for _ in 0..a.ranks {
@@ -80,7 +83,8 @@ async fn start_fleet(a: &CompareArgs, dir: &Path, tag: &str) -> anyhow::Result<F
     Ok(Fleet { _proc: proc, addrs })
 }
 
-async fn start_router(
+/// Starts one plain (single-node) router in front of `fleet`.
+pub async fn start_router(
     dir: &Path,
     fleet: &Fleet,
     policy: &str,
@@ -103,7 +107,8 @@ async fn start_router(
     Ok((p, format!("http://127.0.0.1:{port}")))
 }
 
-fn params(a: &CompareArgs, url: String, salt: u64) -> Params {
+/// Workload parameters for one run.
+pub fn params(a: &CompareArgs, url: String, salt: u64) -> Params {
     Params {
         urls: vec![url],
         developers: a.developers,

@@ -1,9 +1,11 @@
 //! `routerbench`: workloads, comparisons and simulations for the router.
 
+mod cluster;
 mod compare;
 mod fleet;
 mod procs;
 mod proxy;
+mod raftbench;
 mod rng;
 mod workload;
 
@@ -28,6 +30,10 @@ enum Cmd {
     FleetSim(FleetArgs),
     /// Request-path overhead: direct vs router vs nginx.
     Proxy(proxy::ProxyArgs),
+    /// The agent workload through one router vs a Raft cluster of routers (random peer per turn).
+    Cluster(cluster::ClusterArgs),
+    /// Route records replicated per second across Raft peers (gRPC + sled, in process).
+    Raft(raftbench::RaftArgs),
 }
 
 #[derive(clap::Args)]
@@ -161,6 +167,12 @@ async fn main() -> anyhow::Result<()> {
         }
         Cmd::Proxy(p) => {
             proxy::run(p).await?;
+        }
+        Cmd::Cluster(c) => {
+            cluster::run(c).await?;
+        }
+        Cmd::Raft(r) => {
+            raftbench::run(r).await?;
         }
     }
     Ok(())

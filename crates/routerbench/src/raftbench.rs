@@ -1,0 +1,185 @@
+//! `routerbench raft`: how many route records three Raft peers replicate per second. Three
+//! peers in this process, real gRPC over loopback and sled on disk (flushed before every
+//! acknowledgement); every peer proposes batches at once (followers forward to the leader),
+//! and the clock stops when all three have applied everything.
+
+use router_cluster::node::{ClusterNode, NodeConfig};
+use router_core::{Command, Route};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Settings.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RaftArgs {
+    /// Route records to replicate in total.
+    #[arg(long, default_value_t = 200_000)]
+    pub records: usize,
+    /// Records per proposal (the router's `batch_routes`).
+    #[arg(long, default_value_t = 512)]
+    pub batch: usize,
+    /// Fingerprints per record (a 40k-token prompt at 2 KiB chunks is about 80).
+    #[arg(long, default_value_t = 80)]
+    pub hashes: usize,
+    /// Proposals in flight per peer.
+    #[arg(long, default_value_t = 4)]
+    pub pipeline: usize,
+    /// Peers.
+    #[arg(long, default_value_t = 3)]
+    pub peers: u64,
+}
+
+fn free() -> anyhow::Result<std::net::SocketAddr> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+/// Runs the benchmark and prints its figures.
+pub async fn run(a: RaftArgs) -> anyhow::Result<()> {
+    let dir = std::env::temp_dir().join(format!("routerbench-raft-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let addrs: Vec<_> = (0..a.peers).map(|_| free()).collect::<Result<_, _>>()?;
+    let mut nodes = Vec::new();
+    for (i, addr) in addrs.iter().enumerate() {
+        let id = i as u64 + 1;
+        nodes.push(
+            ClusterNode::start(
+                NodeConfig {
+                    id,
+                    listen: *addr,
+                    data_dir: dir.join(format!("n{id}")),
+                    cluster_id: "bench".into(),
+                    heartbeat_ms: 100,
+                    election_min_ms: 300,
+                    election_max_ms: 600,
+                    snapshot_every: 5000,
+                    keep_logs: 1000,
+                    max_entries: 50_000_000,
+                    max_sessions: 1_000_000,
+                    tls: None,
+                },
+                None,
+            )
+            .await?,
+        );
+    }
+    let members: BTreeMap<u64, openraft::BasicNode> = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (i as u64 + 1, openraft::BasicNode::new(a.to_string())))
+        .collect();
+    nodes[0].initialize(members).await?;
+    let t = Instant::now();
+    while nodes[0].leader().is_none() {
+        anyhow::ensure!(t.elapsed() < Duration::from_secs(10), "no leader");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let joined = nodes[0]
+        .propose(Command::JoinServer {
+            url: "http://bench".into(),
+            ranks: 16,
+            capacity_tokens: 10_000_000,
+            weight: 1.0,
+        })
+        .await?;
+    eprintln!("cluster up: {joined:?}");
+
+    let batches = a.records.div_ceil(a.batch);
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let latencies = Arc::new(std::sync::Mutex::new(Vec::<Duration>::new()));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for n in &nodes {
+        for _ in 0..a.pipeline {
+            let n = n.clone();
+            let next = next.clone();
+            let lat = latencies.clone();
+            let (batch, hashes) = (a.batch, a.hashes);
+            tasks.push(tokio::spawn(async move {
+                let mut last = 0u64;
+                loop {
+                    let b = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if b >= batches {
+                        return Ok::<u64, anyhow::Error>(last);
+                    }
+                    let routes = (0..batch)
+                        .map(|i| {
+                            let seed = (b * batch + i) as u64;
+                            Route {
+                                rank: (seed % 16) as u32,
+                                hashes: (0..hashes as u64)
+                                    .map(|h| {
+                                        xxhash_rust::xxh3::xxh3_64(&(seed * 1000 + h).to_le_bytes())
+                                    })
+                                    .collect(),
+                                chunk_tokens: vec![512; hashes],
+                                session: None,
+                            }
+                        })
+                        .collect();
+                    let t = Instant::now();
+                    let (idx, _) = n
+                        .propose_at(Command::RecordRoutes {
+                            peer: n.id,
+                            at_ms: 0,
+                            routes,
+                        })
+                        .await?;
+                    lat.lock()
+                        .map_err(|_| anyhow::anyhow!("poisoned"))?
+                        .push(t.elapsed());
+                    last = last.max(idx);
+                }
+            }));
+        }
+    }
+    let mut last = 0;
+    for t in tasks {
+        last = last.max(t.await??);
+    }
+    let proposed = started.elapsed();
+    for n in &nodes {
+        while n.applied().await < last {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    let all = started.elapsed();
+    let records = (batches * a.batch) as f64;
+    let mut lat = latencies
+        .lock()
+        .map_err(|_| anyhow::anyhow!("poisoned"))?
+        .clone();
+    lat.sort();
+    let q = |p: f64| lat[((lat.len() - 1) as f64 * p) as usize];
+    let digests: Vec<u64> = {
+        let mut v = Vec::new();
+        for n in &nodes {
+            v.push(n.digest().await);
+        }
+        v
+    };
+    println!(
+        "peers {}  records {}  batch {}  fingerprints/record {}  pipeline {}/peer",
+        a.peers, records, a.batch, a.hashes, a.pipeline
+    );
+    println!(
+        "replicated and applied on every peer: {:.0} records/s ({:.2} s; proposals done after {:.2} s)",
+        records / all.as_secs_f64(),
+        all.as_secs_f64(),
+        proposed.as_secs_f64()
+    );
+    println!(
+        "proposal commit latency: p50 {:.1} ms  p99 {:.1} ms  ({} proposals)",
+        q(0.5).as_secs_f64() * 1e3,
+        q(0.99).as_secs_f64() * 1e3,
+        lat.len()
+    );
+    println!(
+        "state digests equal: {}",
+        digests.windows(2).all(|w| w[0] == w[1])
+    );
+    for n in nodes {
+        n.shutdown().await;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
