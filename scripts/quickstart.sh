@@ -23,14 +23,16 @@ for i in 1 2 3; do
     sleep 0.1
   done
 done
-echo "routers on http://127.0.0.1:8081, :8082, :8083 (logs in $LOGS); router 1 health:"
-curl -s http://127.0.0.1:8081/health; echo
+export ROUTERCTL_TOKEN=local-dev-admin-token-change-me
+echo "joining two more engine servers with routerctl (through router 3; it reaches the leader):"
+"$B/routerctl" --router 127.0.0.1:7083 join http://127.0.0.1:9103 --capacity-tokens 150000
+"$B/routerctl" --router 127.0.0.1:7083 join http://127.0.0.1:9104 --capacity-tokens 150000
+echo "routers on http://127.0.0.1:8081, :8082, :8083 (logs in $LOGS)"
+"$B/routerctl" status
 echo "running a ${DURATION}s agent workload (16 developers), each turn to a random router..."
 "$B/routerbench" agent --url http://127.0.0.1:8081,http://127.0.0.1:8082,http://127.0.0.1:8083 \
   --developers 16 --duration "$DURATION" --time-scale 10
 echo
-for i in 1 2 3; do
-  echo "router $i: $(curl -s "http://127.0.0.1:808$i/health" | grep -o '"cluster":{[^}]*}')"
-done
+"$B/routerctl" status
 echo "router 1 metrics:"
-curl -s http://127.0.0.1:8081/metrics | grep -E '^router_(route_decisions_total|usage_(prompt|cached)_tokens_total|index_entries|route_records_dropped_total)'
+curl -s http://127.0.0.1:8081/metrics | grep -E '^router_(route_decisions_total|usage_(prompt|cached)_tokens_total|index_entries|route_records_dropped_total|raft_(term|commit_index|applied_index|proposals_total|proposed_routes_total))'

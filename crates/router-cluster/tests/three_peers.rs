@@ -199,3 +199,88 @@ async fn a_peer_of_another_cluster_is_refused() {
     nb.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_join_as_learners_become_voters_and_ids_are_never_reused() {
+    let dir = std::env::temp_dir().join(format!("router-members-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let addrs: Vec<_> = (0..4).map(|_| free_addr()).collect();
+    let mut nodes = Vec::new();
+    for i in 0..3u64 {
+        nodes.push(
+            ClusterNode::start(cfg(i + 1, addrs[i as usize], &dir), None)
+                .await
+                .unwrap(),
+        );
+    }
+    let members: BTreeMap<u64, openraft::BasicNode> = (0..3u64)
+        .map(|i| {
+            (
+                i + 1,
+                openraft::BasicNode::new(addrs[i as usize].to_string()),
+            )
+        })
+        .collect();
+    nodes[0].initialize(members).await.unwrap();
+    let t = Instant::now();
+    while leader(&nodes).await.is_none() {
+        assert!(t.elapsed() < Duration::from_secs(5), "no leader");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    nodes[1]
+        .propose(Command::JoinServer {
+            url: "http://e1".into(),
+            ranks: 2,
+            capacity_tokens: 1_000_000,
+            weight: 1.0,
+        })
+        .await
+        .unwrap();
+    for s in 0..30 {
+        nodes[(s % 3) as usize].propose(routes(s)).await.unwrap();
+    }
+    let lead = leader(&nodes).await.unwrap();
+    let li = nodes.iter().position(|n| n.id == lead).unwrap();
+    let follower = (li + 1) % 3;
+    // Only the leader changes membership; a follower says where the leader is.
+    let fourth = ClusterNode::start(cfg(4, addrs[3], &dir), None)
+        .await
+        .unwrap();
+    match nodes[follower].add_peer(4, &addrs[3].to_string()).await {
+        Err(router_cluster::node::MembershipError::NotLeader(Some(a))) => {
+            assert_eq!(a, addrs[li].to_string())
+        }
+        other => panic!("expected NotLeader, got {other:?}"),
+    }
+    nodes[li].add_peer(4, &addrs[3].to_string()).await.unwrap();
+    let voters: Vec<u64> = nodes[li]
+        .raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .voter_ids()
+        .collect();
+    assert_eq!(voters, vec![1, 2, 3, 4]);
+    nodes.push(fourth);
+    wait_same(&nodes, "with the new voter").await;
+
+    // Remove it: it leaves the membership and its id is retired.
+    let leader_node = nodes[li].clone();
+    leader_node.remove_peer(4).await.unwrap();
+    let gone = nodes.pop().unwrap();
+    gone.shutdown().await;
+    drop(gone);
+    assert!(leader_node.sm.state.read().await.machine.is_retired(4));
+    match leader_node.add_peer(4, &addrs[3].to_string()).await {
+        Err(router_cluster::node::MembershipError::Failed(m)) => {
+            assert!(m.contains("never reused"), "{m}")
+        }
+        other => panic!("a retired id was accepted: {other:?}"),
+    }
+    wait_same(&nodes, "after removal").await;
+    for n in nodes {
+        n.shutdown().await;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
