@@ -7,6 +7,7 @@
 // openraft's StorageError is large by design and every storage method returns it.
 #![allow(clippy::result_large_err)]
 
+pub mod codec;
 pub mod network;
 pub mod node;
 pub mod store;

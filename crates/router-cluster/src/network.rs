@@ -118,7 +118,7 @@ impl PeerConn {
         E: std::error::Error + DeserializeOwned,
     {
         let payload =
-            serde_json::to_vec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+            crate::codec::encode(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let ch = self
             .net
             .channel(&self.addr)
@@ -155,7 +155,7 @@ impl PeerConn {
         if !reply.error.is_empty() {
             return Err(RPCError::Network(NetworkError::new(&Msg(reply.error))));
         }
-        let res: Result<Resp, E> = serde_json::from_slice(&reply.payload)
+        let res: Result<Resp, E> = crate::codec::decode(&reply.payload)
             .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         res.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
@@ -232,12 +232,12 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 fn decode<T: DeserializeOwned>(m: &RaftMessage) -> Result<T, Status> {
-    serde_json::from_slice(&m.payload)
+    crate::codec::decode(&m.payload)
         .map_err(|e| Status::invalid_argument(format!("bad payload: {e}")))
 }
 
 fn reply<T: Serialize>(v: &T) -> Result<Response<RaftMessage>, Status> {
-    let payload = serde_json::to_vec(v).map_err(|e| Status::internal(e.to_string()))?;
+    let payload = crate::codec::encode(v).map_err(|e| Status::internal(e.to_string()))?;
     Ok(Response::new(RaftMessage {
         cluster_id: String::new(),
         payload,

@@ -99,6 +99,9 @@ impl ClusterNode {
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(cfg.snapshot_every),
             max_in_snapshot_log_to_keep: cfg.keep_logs,
             install_snapshot_timeout: 2_000,
+            // An append must finish within one heartbeat interval (openraft's timeout for
+            // it); route batches are large, so send few entries per call.
+            max_payload_entries: 8,
             ..Default::default()
         }
         .validate()?;
@@ -269,7 +272,7 @@ impl ClusterNode {
         let ch = self.net.channel(addr).map_err(|e| anyhow::anyhow!(e))?;
         let mut req = tonic::Request::new(RaftMessage {
             cluster_id: self.cluster_id.clone(),
-            payload: serde_json::to_vec(cmd)?,
+            payload: crate::codec::encode(cmd)?,
             error: String::new(),
         });
         req.set_timeout(Duration::from_secs(5));
@@ -277,7 +280,7 @@ impl ClusterNode {
         if !reply.error.is_empty() {
             anyhow::bail!("leader refused: {}", reply.error);
         }
-        Ok(serde_json::from_slice(&reply.payload)?)
+        Ok(crate::codec::decode(&reply.payload)?)
     }
 
     /// Waits until every member (voters and learners) has applied `index`, or `timeout`.
@@ -333,7 +336,7 @@ impl ClusterNode {
         });
         req.set_timeout(Duration::from_millis(500));
         let reply = PeerClient::new(ch).applied(req).await.ok()?.into_inner();
-        serde_json::from_slice(&reply.payload).ok()
+        crate::codec::decode(&reply.payload).ok()
     }
 
     /// Digest of the applied state.

@@ -78,14 +78,14 @@ impl LogStore {
     fn get_meta<T: for<'de> Deserialize<'de>>(&self, k: &str) -> Result<Option<T>, SErr> {
         match self.meta.get(k).map_err(|e| StorageIOError::read(&e))? {
             Some(v) => Ok(Some(
-                serde_json::from_slice(&v).map_err(|e| StorageIOError::read(&e))?,
+                crate::codec::decode(&v).map_err(|e| StorageIOError::read(&e))?,
             )),
             None => Ok(None),
         }
     }
 
     async fn put_meta<T: Serialize>(&self, k: &str, v: &T) -> Result<(), SErr> {
-        let bytes = serde_json::to_vec(v).map_err(|e| StorageIOError::write(&e))?;
+        let bytes = crate::codec::encode(v).map_err(|e| StorageIOError::write(&e))?;
         self.meta
             .insert(k, bytes)
             .map_err(|e| StorageIOError::write(&e))?;
@@ -127,7 +127,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
             if !range.contains(&idx) {
                 break;
             }
-            out.push(serde_json::from_slice(&v).map_err(|e| StorageIOError::read_logs(&e))?);
+            out.push(crate::codec::decode(&v).map_err(|e| StorageIOError::read_logs(&e))?);
         }
         Ok(out)
     }
@@ -145,7 +145,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         {
             Some((_, v)) => {
                 let e: Entry<TypeConfig> =
-                    serde_json::from_slice(&v).map_err(|e| StorageIOError::read_logs(&e))?;
+                    crate::codec::decode(&v).map_err(|e| StorageIOError::read_logs(&e))?;
                 Some(e.log_id)
             }
             None => last_purged,
@@ -186,7 +186,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let mut batch = sled::Batch::default();
         for e in entries {
-            let v = serde_json::to_vec(&e).map_err(|e| StorageIOError::write_logs(&e))?;
+            let v = crate::codec::encode(&e).map_err(|e| StorageIOError::write_logs(&e))?;
             batch.insert(&key(e.log_id.index), v);
         }
         self.logs
@@ -282,8 +282,8 @@ impl StateMachineStore {
             .get(SNAPSHOT)
             .map_err(|e| StorageIOError::read_state_machine(&e))?
         {
-            let f: SnapshotFile = serde_json::from_slice(&bytes)
-                .map_err(|e| StorageIOError::read_state_machine(&e))?;
+            let f: SnapshotFile =
+                crate::codec::decode(&bytes).map_err(|e| StorageIOError::read_state_machine(&e))?;
             st.machine = Machine::restore(&f.machine);
             st.last_applied = f.meta.last_log_id;
             st.membership = f.meta.last_membership;
@@ -329,7 +329,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
             meta: meta.clone(),
             machine,
         };
-        let bytes = serde_json::to_vec(&file)
+        let bytes = crate::codec::encode(&file)
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
         self.snapshots
             .insert(SNAPSHOT, bytes.clone())
@@ -405,7 +405,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let started = std::time::Instant::now();
         let bytes = snapshot.into_inner();
         let len = bytes.len() as u64;
-        let f: SnapshotFile = serde_json::from_slice(&bytes)
+        let f: SnapshotFile = crate::codec::decode(&bytes)
             .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
         {
             let mut st = self.state.write().await;
@@ -438,7 +438,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             .map_err(|e| StorageIOError::read_state_machine(&e))?
         {
             Some(bytes) => {
-                let f: SnapshotFile = serde_json::from_slice(&bytes)
+                let f: SnapshotFile = crate::codec::decode(&bytes)
                     .map_err(|e| StorageIOError::read_state_machine(&e))?;
                 Ok(Some(Snapshot {
                     meta: f.meta,

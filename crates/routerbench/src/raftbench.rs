@@ -27,6 +27,13 @@ pub struct RaftArgs {
     /// Peers.
     #[arg(long, default_value_t = 3)]
     pub peers: u64,
+    /// Conversations the records belong to. Like agent turns, a record repeats its
+    /// conversation's prefix (touches) and adds `--new` fingerprints of its own.
+    #[arg(long, default_value_t = 5000)]
+    pub conversations: usize,
+    /// New fingerprints per record (the rest are the conversation's shared prefix).
+    #[arg(long, default_value_t = 4)]
+    pub new: usize,
 }
 
 fn free() -> anyhow::Result<std::net::SocketAddr> {
@@ -93,7 +100,12 @@ pub async fn run(a: RaftArgs) -> anyhow::Result<()> {
             let n = n.clone();
             let next = next.clone();
             let lat = latencies.clone();
-            let (batch, hashes) = (a.batch, a.hashes);
+            let (batch, hashes, convs, fresh) = (
+                a.batch,
+                a.hashes,
+                a.conversations.max(1),
+                a.new.min(a.hashes),
+            );
             tasks.push(tokio::spawn(async move {
                 let mut last = 0u64;
                 loop {
@@ -158,8 +170,8 @@ pub async fn run(a: RaftArgs) -> anyhow::Result<()> {
         v
     };
     println!(
-        "peers {}  records {}  batch {}  fingerprints/record {}  pipeline {}/peer",
-        a.peers, records, a.batch, a.hashes, a.pipeline
+        "peers {}  records {}  batch {}  fingerprints/record {} ({} new, the rest a conversation prefix of {} conversations)  pipeline {}/peer",
+        a.peers, records, a.batch, a.hashes, a.new, a.conversations, a.pipeline
     );
     println!(
         "replicated and applied on every peer: {:.0} records/s ({:.2} s; proposals done after {:.2} s)",
