@@ -116,12 +116,16 @@ pub async fn run(a: RaftArgs) -> anyhow::Result<()> {
                     let routes = (0..batch)
                         .map(|i| {
                             let seed = (b * batch + i) as u64;
+                            let conv = seed % convs as u64;
+                            let shared = (hashes - fresh) as u64;
+                            let h = |x: u64| xxhash_rust::xxh3::xxh3_64(&x.to_le_bytes());
                             Route {
-                                rank: (seed % 16) as u32,
-                                hashes: (0..hashes as u64)
-                                    .map(|h| {
-                                        xxhash_rust::xxh3::xxh3_64(&(seed * 1000 + h).to_le_bytes())
-                                    })
+                                rank: (conv % 16) as u32,
+                                hashes: (0..shared)
+                                    .map(|k| h((conv << 20) | k))
+                                    .chain(
+                                        (0..fresh as u64).map(|k| h((seed << 24) | (1 << 23) | k)),
+                                    )
                                     .collect(),
                                 chunk_tokens: vec![512; hashes],
                                 session: None,
