@@ -339,6 +339,13 @@ impl ClusterNode {
         crate::codec::decode(&reply.payload).ok()
     }
 
+    /// Last applied log index and the digest of the state at that index, read together.
+    /// Walks the whole state: for status calls, not for anything per request.
+    pub async fn applied_digest(&self) -> (u64, u64) {
+        let st = self.sm.state.read().await;
+        (st.last_applied.map_or(0, |l| l.index), st.machine.digest())
+    }
+
     /// Digest of the applied state.
     pub async fn digest(&self) -> u64 {
         self.sm.state.read().await.machine.digest()

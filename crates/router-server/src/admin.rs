@@ -255,6 +255,7 @@ impl Admin for AdminService {
     async fn status(&self, req: GrpcRequest<Empty>) -> Result<GrpcResponse<StatusReply>, Status> {
         self.auth(&req)?;
         let node = self.state.node();
+        let (applied, digest) = node.applied_digest().await;
         let m = node.raft.metrics().borrow().clone();
         let membership = m.membership_config.membership();
         let voters: Vec<u64> = membership.voter_ids().collect();
@@ -278,11 +279,11 @@ impl Admin for AdminService {
             leader: m.current_leader.unwrap_or(0),
             term: m.current_term,
             commit_index: node.stats.committed.load(Relaxed),
-            applied_index: self.state.applied(),
+            applied_index: applied,
             peers,
             servers: server_infos(&self.state.topology()),
             map_entries: self.state.index_stats().entries,
-            state_digest: self.state.digest(),
+            state_digest: digest,
             last_log_index: m.last_log_index.unwrap_or(0),
             role: format!("{:?}", m.state),
             snapshot_index: m.snapshot.map_or(0, |s| s.index),

@@ -6,7 +6,7 @@
 use crate::admin::AdminService;
 use crate::config::{ClusterConfig, Config};
 use crate::metrics::{Histogram, Metrics};
-use crate::state::{ChangeFuture, Changed, RoutingState};
+use crate::state::{ChangeFuture, Changed, RoutingState, StatusFuture};
 use crate::topology::Topology;
 use arc_swap::ArcSwap;
 use router_cluster::node::{ClusterNode, NodeConfig};
@@ -39,7 +39,6 @@ struct Published {
     topology: ArcSwap<Topology>,
     stats: ArcSwap<IndexStats>,
     loads: ArcSwap<BTreeMap<u64, PeerLoad>>,
-    digest: AtomicU64,
     applied: AtomicU64,
     /// Decisions proposed by this peer that the log has not applied here yet. Taken only
     /// by the proposer and the apply task.
@@ -152,7 +151,6 @@ impl ClusterState {
             topology: ArcSwap::from_pointee(Topology::default()),
             stats: ArcSwap::from_pointee(IndexStats::default()),
             loads: ArcSwap::from_pointee(BTreeMap::new()),
-            digest: AtomicU64::new(0),
             applied: AtomicU64::new(0),
             pending: Mutex::new(VecDeque::new()),
             pending_routes: AtomicU64::new(0),
@@ -264,8 +262,11 @@ impl ClusterState {
         &self.node
     }
 
-    /// Leader, term, indexes and state digest, for `/health` and tests.
-    pub fn status(&self) -> serde_json::Value {
+    /// Leader, term, indexes and state digest, for `/health` and tests. The digest walks
+    /// the state under the state machine's read lock (apply waits meanwhile), so it is
+    /// computed here, on request, and never per applied batch.
+    pub async fn status(&self) -> serde_json::Value {
+        let (applied, digest) = self.node.applied_digest().await;
         let m = self.node.raft.metrics().borrow().clone();
         serde_json::json!({
             "node_id": self.node.id,
@@ -274,33 +275,22 @@ impl ClusterState {
             "term": m.current_term,
             "last_log_index": m.last_log_index,
             "commit_index": self.node.stats.committed.load(Relaxed),
-            "applied_index": self.published.applied.load(Relaxed),
+            "applied_index": applied,
             "snapshot_index": m.snapshot.map(|s| s.index),
             "purged_index": m.purged.map(|s| s.index),
             "snapshots_installed": self.node.stats.snapshots_installed.load(Relaxed),
-            "state_digest": format!("{:016x}", self.published.digest.load(Relaxed)),
+            "state_digest": format!("{digest:016x}"),
         })
-    }
-
-    /// The state digest (equal on peers that applied the same log).
-    pub fn digest(&self) -> u64 {
-        self.published.digest.load(Relaxed)
-    }
-
-    /// The applied index.
-    pub fn applied(&self) -> u64 {
-        self.published.applied.load(Relaxed)
     }
 }
 
-/// Publishes what each applied batch changed: views, topology, loads, digest, and drops
+/// Publishes what each applied batch changed: views, topology, loads, and drops
 /// pending overlay batches the log has now applied.
 fn on_apply(p: Arc<Published>, counters: Arc<RaftCounters>, me: u64) -> OnApply {
     Arc::new(move |st: &SmState| {
         let applied = st.last_applied.map_or(0, |l| l.index);
         p.applied_view.store(Arc::new(st.machine.view()));
         p.stats.store(Arc::new(st.machine.model().stats()));
-        p.digest.store(st.machine.digest(), Relaxed);
         p.applied.store(applied, Relaxed);
         if let Some((peer, at)) = st.last_routes {
             if peer != me && at > 0 {
@@ -484,8 +474,8 @@ impl RoutingState for ClusterState {
         **self.published.stats.load()
     }
 
-    fn cluster_status(&self) -> Option<serde_json::Value> {
-        Some(self.status())
+    fn cluster_status(&self) -> StatusFuture<'_> {
+        Box::pin(async move { Some(self.status().await) })
     }
 
     fn change(&self, cmd: Command) -> ChangeFuture<'_> {

@@ -108,7 +108,7 @@ async fn dispatch(
 ) -> Result<Response<RespBody>, ApiError> {
     check_header_size(req.headers(), req.uri(), ctx.cfg.limits.max_header_bytes)?;
     match route {
-        Route::Health => return Ok(health(ctx)),
+        Route::Health => return Ok(health(ctx).await),
         Route::Metrics => return Ok(metrics(ctx)),
         _ if metrics_only => return Err(ApiError::not_found(path)),
         Route::Admin => return crate::admin::http(ctx, req, path).await,
@@ -471,7 +471,7 @@ pub fn json_response(status: StatusCode, v: &serde_json::Value) -> Response<Resp
     r
 }
 
-fn health(ctx: &Ctx) -> Response<RespBody> {
+async fn health(ctx: &Ctx) -> Response<RespBody> {
     let topo = ctx.state.topology();
     let total = topo.upstreams.len();
     let up = topo.upstreams.iter().filter(|u| u.up.load(Relaxed)).count();
@@ -491,7 +491,7 @@ fn health(ctx: &Ctx) -> Response<RespBody> {
         })
         .collect();
     let mut body = serde_json::json!({"status": status, "upstreams_up": up, "upstreams_total": total, "upstreams": ups});
-    if let Some(c) = ctx.state.cluster_status() {
+    if let Some(c) = ctx.state.cluster_status().await {
         body["cluster"] = c;
     }
     json_response(code, &body)

@@ -19,6 +19,9 @@ use tokio::sync::{mpsc, oneshot};
 /// An operator's change (join, leave, drain) on its way through the state.
 pub type ChangeFuture<'a> = Pin<Box<dyn Future<Output = Result<Changed, String>> + Send + 'a>>;
 
+/// The cluster section of `/health` (None for a single router).
+pub type StatusFuture<'a> = Pin<Box<dyn Future<Output = Option<serde_json::Value>> + Send + 'a>>;
+
 /// A change that took effect.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Changed {
@@ -39,8 +42,8 @@ pub trait RoutingState: Send + Sync + 'static {
     /// Index counters for metrics.
     fn index_stats(&self) -> IndexStats;
     /// Raft status when clustered.
-    fn cluster_status(&self) -> Option<serde_json::Value> {
-        None
+    fn cluster_status(&self) -> StatusFuture<'_> {
+        Box::pin(async { None })
     }
     /// Applies an operator's command (join, leave, drain). Returns once this router routes
     /// by it (and, clustered, once every reachable peer does).
