@@ -215,20 +215,11 @@ impl PeerService {
             ));
         }
         let m = req.into_inner();
-        if !constant_time_eq(m.cluster_id.as_bytes(), self.cluster_id.as_bytes()) {
+        if !router_core::ct_eq(m.cluster_id.as_bytes(), self.cluster_id.as_bytes()) {
             return Err(Status::permission_denied("wrong cluster id"));
         }
         Ok(m)
     }
-}
-
-/// Compares secrets without an early exit (time does not depend on where they differ).
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    let mut d = a.len() ^ b.len();
-    for i in 0..a.len().max(b.len()) {
-        d |= usize::from(a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0));
-    }
-    d == 0
 }
 
 fn decode<T: DeserializeOwned>(m: &RaftMessage) -> Result<T, Status> {

@@ -9,6 +9,7 @@ pub mod health;
 pub mod index;
 pub mod machine;
 pub mod score;
+pub mod secret;
 
 pub use canon::{canonicalize, canonicalize_json, CanonError, CanonicalPrompt, Endpoint};
 pub use fingerprint::{FingerprintConfig, Fingerprints};
@@ -16,3 +17,4 @@ pub use health::{HealthMachine, HealthThresholds, HealthTransition};
 pub use index::{CacheModel, IndexStats, IndexView, ModelSnapshot, RankId};
 pub use machine::{Command, Machine, MachineSnapshot, Outcome, RankLoad, Route};
 pub use score::{select, Candidate, Decision, Policy, Reason, RouteInput, ScoreParams};
+pub use secret::ct_eq;
