@@ -77,15 +77,15 @@ async fn wait_same(nodes: &[Arc<ClusterNode>], what: &str) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replicate_fail_over_and_catch_up() {
-    let dir = std::env::temp_dir().join(format!("router-3peers-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let addrs: Vec<_> = (0..3).map(|_| free_addr()).collect();
+/// Starts peers 1-3 on `addrs[..3]`, makes them one cluster and waits for a leader.
+async fn start_three(
+    addrs: &[std::net::SocketAddr],
+    dir: &std::path::Path,
+) -> Vec<Arc<ClusterNode>> {
     let mut nodes = Vec::new();
     for i in 0..3u64 {
         nodes.push(
-            ClusterNode::start(cfg(i + 1, addrs[i as usize], &dir), None)
+            ClusterNode::start(cfg(i + 1, addrs[i as usize], dir), None)
                 .await
                 .unwrap(),
         );
@@ -104,6 +104,15 @@ async fn replicate_fail_over_and_catch_up() {
         assert!(t.elapsed() < Duration::from_secs(5), "no leader");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    nodes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicate_fail_over_and_catch_up() {
+    let dir = std::env::temp_dir().join(format!("router-3peers-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let addrs: Vec<_> = (0..3).map(|_| free_addr()).collect();
+    let mut nodes = start_three(&addrs, &dir).await;
 
     // Writes through every peer; followers forward to the leader.
     let joined = nodes[1]
@@ -205,28 +214,7 @@ async fn peers_join_as_learners_become_voters_and_ids_are_never_reused() {
     let dir = std::env::temp_dir().join(format!("router-members-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let addrs: Vec<_> = (0..4).map(|_| free_addr()).collect();
-    let mut nodes = Vec::new();
-    for i in 0..3u64 {
-        nodes.push(
-            ClusterNode::start(cfg(i + 1, addrs[i as usize], &dir), None)
-                .await
-                .unwrap(),
-        );
-    }
-    let members: BTreeMap<u64, openraft::BasicNode> = (0..3u64)
-        .map(|i| {
-            (
-                i + 1,
-                openraft::BasicNode::new(addrs[i as usize].to_string()),
-            )
-        })
-        .collect();
-    nodes[0].initialize(members).await.unwrap();
-    let t = Instant::now();
-    while leader(&nodes).await.is_none() {
-        assert!(t.elapsed() < Duration::from_secs(5), "no leader");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let mut nodes = start_three(&addrs, &dir).await;
     nodes[1]
         .propose(Command::JoinServer {
             url: "http://e1".into(),

@@ -13,8 +13,7 @@ use crate::topology::Topology;
 use http::{header, HeaderMap, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use router_cluster::node::MembershipError;
-use router_core::ct_eq;
-use router_core::{Command, Outcome};
+use router_core::{ct_eq, Command, Outcome};
 use router_proto::v1::admin_client::AdminClient;
 use router_proto::v1::admin_server::Admin;
 use router_proto::v1::{

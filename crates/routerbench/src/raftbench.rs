@@ -3,6 +3,7 @@
 //! acknowledgement); every peer proposes batches at once (followers forward to the leader),
 //! and the clock stops when all three have applied everything.
 
+use crate::procs::free_port;
 use router_cluster::node::{ClusterNode, NodeConfig};
 use router_core::{Command, Route};
 use std::collections::BTreeMap;
@@ -36,15 +37,13 @@ pub struct RaftArgs {
     pub new: usize,
 }
 
-fn free() -> anyhow::Result<std::net::SocketAddr> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
-}
-
 /// Runs the benchmark and prints its figures.
 pub async fn run(a: RaftArgs) -> anyhow::Result<()> {
     let dir = std::env::temp_dir().join(format!("routerbench-raft-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let addrs: Vec<_> = (0..a.peers).map(|_| free()).collect::<Result<_, _>>()?;
+    let addrs: Vec<std::net::SocketAddr> = (0..a.peers)
+        .map(|_| free_port().map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], p))))
+        .collect::<Result<_, _>>()?;
     let mut nodes = Vec::new();
     for (i, addr) in addrs.iter().enumerate() {
         let id = i as u64 + 1;
