@@ -455,6 +455,11 @@ async fn load_reporter(state: std::sync::Weak<ClusterState>, every: Duration, st
     }
 }
 
+/// One metric with its HELP and TYPE lines.
+fn sample(o: &mut String, name: &str, help: &str, kind: &str, v: impl std::fmt::Display) {
+    let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+}
+
 impl RoutingState for ClusterState {
     fn view(&self) -> Arc<IndexView> {
         self.published.view.load_full()
@@ -580,7 +585,7 @@ impl RoutingState for ClusterState {
             } else {
                 "gauge"
             };
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+            sample(o, name, help, kind, v);
         }
         for (name, help, us) in [
             (
@@ -594,11 +599,7 @@ impl RoutingState for ClusterState {
                 st.snapshot_install_us.load(Relaxed),
             ),
         ] {
-            let _ = writeln!(
-                o,
-                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}",
-                us as f64 / 1e6
-            );
+            sample(o, name, help, "gauge", us as f64 / 1e6);
         }
         c.route_lag.render(
             o,
