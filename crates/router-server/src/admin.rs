@@ -63,8 +63,8 @@ pub fn server_infos(topo: &Topology) -> Vec<ServerInfo> {
             ServerInfo {
                 url: u.url.to_string(),
                 ranks: ranks.iter().map(|r| r.id).collect(),
-                capacity_tokens: ranks.first().map_or(0, |r| r.capacity_tokens),
-                weight: ranks.first().map_or(1.0, |r| r.weight),
+                capacity_tokens: ranks.first().map_or(0, |r| r.capacity()),
+                weight: ranks.first().map_or(1.0, |r| r.weight()),
                 draining: !u.accepting.load(Relaxed),
                 up: u.up.load(Relaxed),
                 inflight: ranks.iter().map(|r| r.inflight.load(Relaxed)).sum(),

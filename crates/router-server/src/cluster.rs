@@ -313,6 +313,7 @@ fn on_apply(p: Arc<Published>, counters: Arc<RaftCounters>, me: u64) -> OnApply 
                     &*u.url == s.url.as_str()
                         && u.accepting.load(Relaxed) != s.draining
                         && prev.ranks_of(u).map(|r| r.id).eq(s.ranks.iter().copied())
+                        && prev.ranks_of(u).all(|r| r.matches(s))
                 })
             });
         if !same {

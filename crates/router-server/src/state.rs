@@ -87,8 +87,8 @@ impl LocalState {
             let outcome = model.apply(&Command::JoinServer {
                 url: up.url.to_string(),
                 ranks: ranks.len() as u32,
-                capacity_tokens: ranks.first().map_or(1, |r| r.capacity_tokens),
-                weight: ranks.first().map_or(1.0, |r| r.weight),
+                capacity_tokens: ranks.first().map_or(1, |r| r.capacity()),
+                weight: ranks.first().map_or(1.0, |r| r.weight()),
             });
             // Rank ids are handed out densely in join order, as Topology::from_config does.
             debug_assert_eq!(

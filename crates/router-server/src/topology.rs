@@ -36,10 +36,10 @@ pub struct RankState {
     pub dp_rank: Option<u32>,
     /// Stable key for rendezvous hashing.
     pub key: u64,
-    /// Relative speed.
-    pub weight: f64,
+    /// Relative speed (f64 bits; a re-join may change it in place).
+    weight_bits: AtomicU64,
     /// KV capacity in tokens.
-    pub capacity_tokens: u64,
+    pub capacity_tokens: AtomicU64,
     /// Predicted uncached prompt tokens of requests waiting for their first byte.
     pub queued_prefill: AtomicU64,
     /// Requests generating.
@@ -63,12 +63,27 @@ impl RankState {
         }
     }
 
+    /// Relative speed.
+    pub fn weight(&self) -> f64 {
+        f64::from_bits(self.weight_bits.load(Relaxed))
+    }
+
+    /// KV capacity in tokens.
+    pub fn capacity(&self) -> u64 {
+        self.capacity_tokens.load(Relaxed)
+    }
+
+    /// Whether this rank already says what `s` says about weight and capacity.
+    pub fn matches(&self, s: &router_core::machine::Server) -> bool {
+        self.weight_bits.load(Relaxed) == s.weight.to_bits() && self.capacity() == s.capacity_tokens
+    }
+
     /// The scorer's view of this rank.
     pub fn candidate(&self) -> Candidate {
         Candidate {
             rank: self.id,
             key: self.key,
-            weight: self.weight,
+            weight: self.weight(),
             queued_prefill: self.queued_prefill.load(Relaxed) + self.remote_prefill.load(Relaxed),
             decodes: self.decodes.load(Relaxed) + self.remote_decodes.load(Relaxed),
         }
@@ -112,8 +127,8 @@ impl Topology {
                     upstream: up.clone(),
                     dp_rank,
                     key,
-                    weight: u.weight,
-                    capacity_tokens: u.capacity_tokens.unwrap_or(default_capacity),
+                    weight_bits: AtomicU64::new(u.weight.to_bits()),
+                    capacity_tokens: AtomicU64::new(u.capacity_tokens.unwrap_or(default_capacity)),
                     queued_prefill: AtomicU64::new(0),
                     decodes: AtomicU64::new(0),
                     remote_prefill: AtomicU64::new(0),
@@ -159,6 +174,9 @@ impl Topology {
                     .iter()
                     .find(|r| r.id == *id && Arc::ptr_eq(&r.upstream, &up))
                 {
+                    // Same rank (live counters kept); a re-join may have changed these.
+                    r.weight_bits.store(s.weight.to_bits(), Relaxed);
+                    r.capacity_tokens.store(s.capacity_tokens, Relaxed);
                     t.ranks.push(r.clone());
                     continue;
                 }
@@ -167,8 +185,8 @@ impl Topology {
                     upstream: up.clone(),
                     dp_rank: (n > 1).then_some(d as u32),
                     key: xxh3_64(format!("{}#{d}", up.url).as_bytes()),
-                    weight: s.weight,
-                    capacity_tokens: s.capacity_tokens,
+                    weight_bits: AtomicU64::new(s.weight.to_bits()),
+                    capacity_tokens: AtomicU64::new(s.capacity_tokens),
                     queued_prefill: AtomicU64::new(0),
                     decodes: AtomicU64::new(0),
                     remote_prefill: AtomicU64::new(0),
@@ -191,5 +209,41 @@ impl Topology {
         self.ranks
             .iter()
             .filter(move |r| std::ptr::eq(&*r.upstream, up))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use router_core::machine::Server;
+    use std::collections::BTreeMap;
+
+    fn servers(weight: f64, capacity: u64) -> BTreeMap<String, Server> {
+        let s = Server {
+            url: "http://127.0.0.1:9001".into(),
+            ranks: vec![4, 5],
+            capacity_tokens: capacity,
+            weight,
+            draining: false,
+        };
+        [(s.url.clone(), s)].into()
+    }
+
+    #[test]
+    fn a_rejoin_updates_weight_and_capacity_and_keeps_live_counters() {
+        let a = Topology::from_servers(&servers(1.0, 1000), &Topology::default());
+        assert_eq!(a.ranks.len(), 2);
+        assert_eq!(a.ranks[1].dp_rank, Some(1));
+        a.ranks[0].inflight.store(3, Relaxed);
+        let b = Topology::from_servers(&servers(2.5, 4000), &a);
+        assert!(
+            Arc::ptr_eq(&a.ranks[0], &b.ranks[0]),
+            "rank state not reused"
+        );
+        assert_eq!(b.ranks[0].inflight.load(Relaxed), 3);
+        assert_eq!(b.ranks[0].weight(), 2.5);
+        assert_eq!(b.ranks[1].capacity(), 4000);
+        assert!(b.ranks[0].matches(&servers(2.5, 4000)["http://127.0.0.1:9001"]));
+        assert!(!b.ranks[0].matches(&servers(1.0, 4000)["http://127.0.0.1:9001"]));
     }
 }
