@@ -30,7 +30,10 @@ pub struct RaftArgs {
     pub peers: u64,
     /// Conversations the records belong to. Like agent turns, a record repeats its
     /// conversation's prefix (touches) and adds `--new` fingerprints of its own.
-    #[arg(long, default_value_t = 5000)]
+    /// The default's shared prefixes (2000 x 76 chunks x 512 tokens) fit the 16 ranks' modelled
+    /// KV (10M tokens each); many more conversations make the model thrash like the engines
+    /// would, and every record then evicts and re-adds most of its prefix.
+    #[arg(long, default_value_t = 2000)]
     pub conversations: usize,
     /// New fingerprints per record (the rest are the conversation's shared prefix).
     #[arg(long, default_value_t = 4)]
@@ -188,9 +191,12 @@ pub async fn run(a: RaftArgs) -> anyhow::Result<()> {
         q(0.99).as_secs_f64() * 1e3,
         lat.len()
     );
+    let stats = nodes[0].sm.state.read().await.machine.model().stats();
     println!(
-        "state digests equal: {}",
-        digests.windows(2).all(|w| w[0] == w[1])
+        "state digests equal: {}; cache model: {} entries, {} capacity evictions",
+        digests.windows(2).all(|w| w[0] == w[1]),
+        stats.entries,
+        stats.capacity_evictions
     );
     for n in nodes {
         n.shutdown().await;
