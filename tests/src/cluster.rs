@@ -107,12 +107,24 @@ impl Cluster {
     }
 
     /// Starts `http.len()` peers with `top` (top-level TOML, e.g. upstreams) and `cluster`
-    /// (extra `[cluster]` keys and sub-tables).
+    /// (extra `[cluster]` keys and sub-tables), with fast Raft timings (heartbeat 50 ms,
+    /// election 200-400 ms).
     pub async fn start(
         http: Vec<SocketAddr>,
         raft: Vec<SocketAddr>,
         top: &str,
         cluster: &str,
+    ) -> Cluster {
+        Self::start_timed(http, raft, top, cluster, (50, 200, 400)).await
+    }
+
+    /// Like [`Cluster::start`] with Raft timings `(heartbeat, election min, election max)` ms.
+    pub async fn start_timed(
+        http: Vec<SocketAddr>,
+        raft: Vec<SocketAddr>,
+        top: &str,
+        cluster: &str,
+        (hb, emin, emax): (u64, u64, u64),
     ) -> Cluster {
         let data = TempDir::new("cluster-data");
         let mut peers_toml = String::new();
@@ -132,7 +144,7 @@ impl Cluster {
         };
         for i in 0..http.len() {
             let toml = format!(
-                "listen = \"{}\"\n{top}\n[cluster]\nnode_id = {}\nlisten = \"{}\"\ndata_dir = \"{}\"\ncluster_id = \"test\"\nheartbeat_ms = 50\nelection_min_ms = 200\nelection_max_ms = 400\n{cluster}\n{peers_toml}",
+                "listen = \"{}\"\n{top}\n[cluster]\nnode_id = {}\nlisten = \"{}\"\ndata_dir = \"{}\"\ncluster_id = \"test\"\nheartbeat_ms = {hb}\nelection_min_ms = {emin}\nelection_max_ms = {emax}\n{cluster}\n{peers_toml}",
                 http[i],
                 i + 1,
                 raft[i],
