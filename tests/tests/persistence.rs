@@ -1,5 +1,5 @@
-//! Durability of the replicated map with real `router` processes and sled on disk: a peer
-//! killed with -9 comes back behind a purged log and catches up by snapshot; the whole
+//! Durability of the replicated map with real `router` processes and sled on disk: the
+//! leader killed with -9 comes back behind a purged log and catches up by snapshot; the whole
 //! cluster killed and restarted keeps every conversation on its rank.
 
 use router_tests::cluster::{wait_until, Cluster};
@@ -69,9 +69,9 @@ async fn restart_after_purge_and_whole_cluster_restart_keep_the_map() {
     let mut seed = 99u64;
     turns(&c, &mut convs, 3, &mut last, &mut seed).await;
 
-    // Kill a follower; the others go on long enough to snapshot and purge past it.
-    let leader = c.leader().await.expect("leader") as usize - 1;
-    let victim = (leader + 1) % 3;
+    // Kill the leader; the others elect a new one and go on long enough to snapshot and
+    // purge past it.
+    let victim = c.leader().await.expect("leader") as usize - 1;
     let before_kill = c.health(victim).await.unwrap()["cluster"]["applied_index"]
         .as_u64()
         .unwrap();
