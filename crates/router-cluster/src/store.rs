@@ -27,6 +27,8 @@ pub struct StoreStats {
     pub snapshots_installed: AtomicU64,
     /// Size of the last snapshot built or installed, bytes.
     pub snapshot_bytes: AtomicU64,
+    /// Time the last snapshot build held the state machine's lock, microseconds.
+    pub snapshot_lock_us: AtomicU64,
     /// Time the last snapshot build took, microseconds (copy + encode + persist).
     pub snapshot_build_us: AtomicU64,
     /// Time the last snapshot install took, microseconds.
@@ -306,15 +308,16 @@ impl StateMachineStore {
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, SErr> {
         let started = std::time::Instant::now();
-        // Copy under the read lock, serialize without it: apply waits only for the copy.
+        // Clone under the read lock (flat copies and O(1) persistent maps), export and
+        // encode without it: apply waits only for the clone.
         let (machine, last_applied, membership) = {
             let st = self.state.read().await;
-            (
-                st.machine.snapshot(),
-                st.last_applied,
-                st.membership.clone(),
-            )
+            (st.machine.clone(), st.last_applied, st.membership.clone())
         };
+        self.stats
+            .snapshot_lock_us
+            .store(started.elapsed().as_micros() as u64, Relaxed);
+        let machine = machine.snapshot();
         let seq = self.snapshot_seq.fetch_add(1, Relaxed);
         let snapshot_id = match last_applied {
             Some(l) => format!("{}-{}-{seq}", l.leader_id, l.index),

@@ -595,6 +595,11 @@ impl RoutingState for ClusterState {
                 st.snapshot_build_us.load(Relaxed),
             ),
             (
+                "router_raft_snapshot_lock_seconds",
+                "Time the last snapshot build held the state lock (apply waited that long).",
+                st.snapshot_lock_us.load(Relaxed),
+            ),
+            (
                 "router_raft_snapshot_install_seconds",
                 "Time the last snapshot install took.",
                 st.snapshot_install_us.load(Relaxed),
