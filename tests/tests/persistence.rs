@@ -94,6 +94,7 @@ async fn restart_after_purge_and_whole_cluster_restart_keep_the_map() {
         },
     )
     .await;
+    eprintln!("purged past the dead peer at {:?}", t0.elapsed());
     c.spawn(victim).await;
     c.wait_converged(20).await;
     let h = c.health(victim).await.unwrap();
