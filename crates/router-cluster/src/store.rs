@@ -410,9 +410,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let len = bytes.len() as u64;
         let f: SnapshotFile = crate::codec::decode(&bytes)
             .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
+        // Rebuild outside the lock; readers and snapshot builders wait only for the swap.
+        let machine = Machine::restore(&f.machine);
         {
             let mut st = self.state.write().await;
-            st.machine = Machine::restore(&f.machine);
+            st.machine = machine;
             st.last_applied = meta.last_log_id;
             st.membership = meta.last_membership.clone();
             if let Some(cb) = &self.on_apply {
