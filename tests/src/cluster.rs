@@ -94,7 +94,10 @@ pub struct Cluster {
     pub procs: Vec<Option<Proc>>,
     dirs: Vec<TempDir>,
     tomls: Vec<String>,
-    _data: TempDir,
+    top: String,
+    cluster: String,
+    timing: (u64, u64, u64),
+    data: TempDir,
 }
 
 impl Cluster {
@@ -124,40 +127,60 @@ impl Cluster {
         raft: Vec<SocketAddr>,
         top: &str,
         cluster: &str,
-        (hb, emin, emax): (u64, u64, u64),
+        timing: (u64, u64, u64),
     ) -> Cluster {
-        let data = TempDir::new("cluster-data");
-        let mut peers_toml = String::new();
-        for (i, a) in raft.iter().enumerate() {
-            peers_toml.push_str(&format!(
-                "[[cluster.peers]]\nid = {}\naddr = \"{a}\"\n",
-                i + 1
-            ));
-        }
         let mut c = Cluster {
-            http: http.clone(),
-            raft: raft.clone(),
+            http: Vec::new(),
+            raft: Vec::new(),
             procs: Vec::new(),
             dirs: Vec::new(),
             tomls: Vec::new(),
-            _data: data,
+            top: top.to_owned(),
+            cluster: cluster.to_owned(),
+            timing,
+            data: TempDir::new("cluster-data"),
         };
-        for i in 0..http.len() {
-            let toml = format!(
-                "listen = \"{}\"\n{top}\n[cluster]\nnode_id = {}\nlisten = \"{}\"\ndata_dir = \"{}\"\ncluster_id = \"test\"\nheartbeat_ms = {hb}\nelection_min_ms = {emin}\nelection_max_ms = {emax}\n{cluster}\n{peers_toml}",
-                http[i],
-                i + 1,
-                raft[i],
-                c._data.path(&format!("peer{i}")).display()
-            );
-            c.tomls.push(toml);
-            c.dirs.push(TempDir::new(&format!("peer{i}")));
-            c.procs.push(None);
+        for (h, r) in http.iter().zip(&raft) {
+            c.add(*h, *r, &raft);
         }
         for i in 0..http.len() {
             c.spawn(i).await;
         }
         c
+    }
+
+    /// Registers peer `http.len() + 1` (not started) that knows `peers` as the voters.
+    fn add(&mut self, http: SocketAddr, raft: SocketAddr, peers: &[SocketAddr]) -> usize {
+        let i = self.http.len();
+        let (hb, emin, emax) = self.timing;
+        let peers_toml: String = peers
+            .iter()
+            .enumerate()
+            .map(|(k, a)| format!("[[cluster.peers]]\nid = {}\naddr = \"{a}\"\n", k + 1))
+            .collect();
+        let toml = format!(
+            "listen = \"{http}\"\n{}\n[cluster]\nnode_id = {}\nlisten = \"{raft}\"\ndata_dir = \"{}\"\ncluster_id = \"test\"\nheartbeat_ms = {hb}\nelection_min_ms = {emin}\nelection_max_ms = {emax}\n{}\n{peers_toml}",
+            self.top,
+            i + 1,
+            self.data.path(&format!("peer{i}")).display(),
+            self.cluster,
+        );
+        self.http.push(http);
+        self.raft.push(raft);
+        self.tomls.push(toml);
+        self.dirs.push(TempDir::new(&format!("peer{i}")));
+        self.procs.push(None);
+        i
+    }
+
+    /// Starts one more router process, node id = its index + 1, with the same settings. It
+    /// is not the lowest id, so it initializes nothing: it waits for `routerctl peers add`.
+    pub async fn spawn_new_peer(&mut self, http: SocketAddr, raft: SocketAddr) -> usize {
+        let mut peers = self.raft.clone();
+        peers.push(raft);
+        let i = self.add(http, raft, &peers);
+        self.spawn(i).await;
+        i
     }
 
     /// (Re)starts peer `i` with its config and data directory.

@@ -112,10 +112,12 @@ async fn vote_with(
 async fn routerctl_and_http_admin_change_servers_on_every_peer() {
     let t0 = Instant::now();
     let engines = fleet(3).await;
-    let (http, raft) = Cluster::addresses(3);
+    // Four address pairs in the certificates; the fourth peer joins later.
+    let (mut http, mut raft) = Cluster::addresses(4);
     let certs = TempDir::new("pki");
     let pki = Pki::generate(&certs, "good", &raft);
     let rogue = Pki::generate(&certs, "rogue", &raft);
+    let (http4, raft4) = (http.pop().unwrap(), raft.pop().unwrap());
     let top = format!(
         "admin_token = \"{TOKEN}\"\n[health]\ninterval_ms = 500\n[[upstreams]]\nurl = \"{}\"\n[[upstreams]]\nurl = \"{}\"\n",
         engines[0].url(),
@@ -127,7 +129,7 @@ async fn routerctl_and_http_admin_change_servers_on_every_peer() {
         pki.cert.display(),
         pki.key.display()
     );
-    let c = Cluster::start(http, raft, &top, &tls).await;
+    let mut c = Cluster::start(http, raft, &top, &tls).await;
     c.wait_formed(2, 30).await;
     eprintln!("cluster formed over mTLS after {:?}", t0.elapsed());
     let ctl = Ctl {
@@ -333,6 +335,28 @@ async fn routerctl_and_http_admin_change_servers_on_every_peer() {
     let r = admin_http(&c, "GET", "/add_worker?url=x", Some(TOKEN)).await;
     assert_eq!(r.status, 405);
 
+    c.wait_converged(10).await;
+
+    // A fourth router peer: started alone, added with routerctl (learner, then voter), it
+    // holds the same state; removed, its id is retired for good.
+    let p4 = c.spawn_new_peer(http4, raft4).await;
+    let out = ctl.ok(&["peers", "add", "4", &raft4.to_string()]).await;
+    assert!(out.contains("voter"), "{out}");
+    let s: serde_json::Value = serde_json::from_str(&ctl.ok(&["status", "--json"]).await).unwrap();
+    let peers = s["peers"].as_array().unwrap();
+    assert_eq!(peers.len(), 4, "{s}");
+    assert!(peers.iter().all(|p| p["voter"] == true), "{s}");
+    c.wait_converged(10).await;
+    let r = turn(&c, p4, &Conversation::new(60_000, 3000), &[]).await;
+    assert!(r.header("x-router-upstream").is_some());
+    ctl.ok(&["peers", "remove", "4"]).await;
+    let s: serde_json::Value = serde_json::from_str(&ctl.ok(&["status", "--json"]).await).unwrap();
+    assert_eq!(s["peers"].as_array().unwrap().len(), 3, "{s}");
+    c.kill(p4);
+    let (ok, _, err) = ctl
+        .run(Some(TOKEN), &["peers", "add", "4", &raft4.to_string()])
+        .await;
+    assert!(!ok && err.contains("never reused"), "{err}");
     c.wait_converged(10).await;
     eprintln!("done after {:?}", t0.elapsed());
 }
