@@ -10,8 +10,8 @@
 //! The format is versioned through [`FORMAT_VERSION`] in the fingerprint seed: changing
 //! anything here must bump it (golden vectors in the tests catch accidental changes).
 
-use serde::Deserialize;
-use serde_json::value::RawValue;
+use crate::fingerprint::{FingerprintConfig, Fingerprints};
+use crate::json::{DecodeError, Doc, Kind, Val};
 use serde_json::Value;
 use std::borrow::Cow;
 
@@ -133,48 +133,121 @@ pub const CHAT_PROMPT_FIELDS: &[&str] = &[
     "reasoning_effort",
 ];
 
-type Raw<'a> = &'a RawValue;
+/// Builds a field path for an error message, only when there is an error.
+type Field<'f> = &'f dyn Fn() -> String;
 
-/// Every field any endpoint needs, parsed in one pass over the body. Big strings stay as
-/// borrowed raw JSON: the request path never copies or unescapes a 150 KB prompt.
-#[derive(Deserialize)]
-struct Body<'a> {
-    #[serde(borrow, default)]
-    model: Option<Raw<'a>>,
-    #[serde(borrow, default)]
-    stream: Option<Raw<'a>>,
-    #[serde(borrow, default)]
-    session_params: Option<Raw<'a>>,
-    #[serde(borrow, default)]
-    messages: Option<Vec<Msg<'a>>>,
-    #[serde(borrow, default)]
-    tools: Option<Raw<'a>>,
-    #[serde(borrow, default)]
-    functions: Option<Raw<'a>>,
-    #[serde(borrow, default)]
-    documents: Option<Raw<'a>>,
-    #[serde(borrow, default)]
-    chat_template: Option<Raw<'a>>,
-    #[serde(borrow, default)]
-    chat_template_kwargs: Option<Raw<'a>>,
-    #[serde(borrow, default)]
-    reasoning_effort: Option<Raw<'a>>,
-    #[serde(borrow, default)]
-    prompt: Option<Raw<'a>>,
-    #[serde(borrow, default)]
-    instructions: Option<Raw<'a>>,
-    #[serde(borrow, default)]
-    input: Option<Raw<'a>>,
-    #[serde(borrow, default)]
-    previous_response_id: Option<Raw<'a>>,
-    #[serde(borrow, default)]
-    reasoning: Option<Raw<'a>>,
-    #[serde(borrow, default)]
-    system: Option<Raw<'a>>,
+fn invalid(field: String, e: DecodeError) -> CanonError {
+    CanonError::Invalid {
+        field,
+        message: e.0.to_owned(),
+    }
 }
 
-impl<'a> Body<'a> {
-    fn chat_field(&self, name: &str) -> Option<Raw<'a>> {
+/// Reads the members named in `names` from an object. A null member counts as absent and a
+/// repeated name is refused, as the serde-derived structs this replaced did.
+fn fields<'d, const N: usize>(
+    obj: Val<'d>,
+    names: &[&str; N],
+    field: Field<'_>,
+) -> Result<[Option<Val<'d>>; N], CanonError> {
+    let mut out = [None; N];
+    let mut seen = [false; N];
+    for (k, v) in obj.members() {
+        let key = k.text().map_err(|e| invalid(field(), e))?;
+        if let Some(j) = names.iter().position(|n| *n == key) {
+            if seen[j] {
+                return Err(CanonError::Invalid {
+                    field: field(),
+                    message: format!("duplicate field `{}`", names[j]),
+                });
+            }
+            seen[j] = true;
+            if !v.is_null() {
+                out[j] = Some(v);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Every top-level field any endpoint needs. Big strings stay spans of the body: the request
+/// path never unescapes a 150 KB prompt.
+struct Body<'d> {
+    model: Option<Val<'d>>,
+    stream: Option<Val<'d>>,
+    session_params: Option<Val<'d>>,
+    messages: Option<Vec<Msg<'d>>>,
+    tools: Option<Val<'d>>,
+    functions: Option<Val<'d>>,
+    documents: Option<Val<'d>>,
+    chat_template: Option<Val<'d>>,
+    chat_template_kwargs: Option<Val<'d>>,
+    reasoning_effort: Option<Val<'d>>,
+    prompt: Option<Val<'d>>,
+    instructions: Option<Val<'d>>,
+    input: Option<Val<'d>>,
+    previous_response_id: Option<Val<'d>>,
+    reasoning: Option<Val<'d>>,
+    system: Option<Val<'d>>,
+}
+
+impl<'d> Body<'d> {
+    fn read(root: Val<'d>) -> Result<Body<'d>, CanonError> {
+        let [model, stream, session_params, messages, tools, functions, documents, chat_template, chat_template_kwargs, reasoning_effort, prompt, instructions, input, previous_response_id, reasoning, system] =
+            fields(
+                root,
+                &[
+                    "model",
+                    "stream",
+                    "session_params",
+                    "messages",
+                    "tools",
+                    "functions",
+                    "documents",
+                    "chat_template",
+                    "chat_template_kwargs",
+                    "reasoning_effort",
+                    "prompt",
+                    "instructions",
+                    "input",
+                    "previous_response_id",
+                    "reasoning",
+                    "system",
+                ],
+                &|| "body".to_owned(),
+            )?;
+        // Messages are checked for every endpoint: a body with broken messages is broken.
+        let messages = match messages {
+            None => None,
+            Some(m) if m.kind() == Kind::Arr => Some(
+                m.items()
+                    .enumerate()
+                    .map(|(i, v)| Msg::read(v, i))
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+            Some(_) => return Err(wrong("messages", "an array")),
+        };
+        Ok(Body {
+            model,
+            stream,
+            session_params,
+            messages,
+            tools,
+            functions,
+            documents,
+            chat_template,
+            chat_template_kwargs,
+            reasoning_effort,
+            prompt,
+            instructions,
+            input,
+            previous_response_id,
+            reasoning,
+            system,
+        })
+    }
+
+    fn chat_field(&self, name: &str) -> Option<Val<'d>> {
         match name {
             "tools" => self.tools,
             "functions" => self.functions,
@@ -187,130 +260,184 @@ impl<'a> Body<'a> {
     }
 }
 
-/// One chat message (also Anthropic messages and Responses message items).
-#[derive(Deserialize)]
-struct Msg<'a> {
-    #[serde(borrow, default)]
-    role: Option<Raw<'a>>,
-    #[serde(borrow, default)]
-    name: Option<Raw<'a>>,
-    #[serde(borrow, default)]
-    content: Option<Raw<'a>>,
-    #[serde(borrow, default)]
-    reasoning_content: Option<Raw<'a>>,
-    #[serde(borrow, default)]
-    reasoning: Option<Raw<'a>>,
-    #[serde(borrow, default)]
-    thinking: Option<Raw<'a>>,
-    #[serde(borrow, default)]
-    tool_calls: Option<Raw<'a>>,
-    #[serde(borrow, default)]
-    function_call: Option<Raw<'a>>,
-    #[serde(borrow, default)]
-    tool_call_id: Option<Raw<'a>>,
+/// One chat message (also Anthropic messages).
+struct Msg<'d> {
+    role: Option<Val<'d>>,
+    name: Option<Val<'d>>,
+    content: Option<Val<'d>>,
+    reasoning_content: Option<Val<'d>>,
+    reasoning: Option<Val<'d>>,
+    thinking: Option<Val<'d>>,
+    tool_calls: Option<Val<'d>>,
+    function_call: Option<Val<'d>>,
+    tool_call_id: Option<Val<'d>>,
 }
 
-/// A content part or block: its type, its text, and the raw whole for other kinds.
-#[derive(Deserialize)]
-struct Part<'a> {
-    #[serde(rename = "type", borrow, default)]
-    ty: Option<Raw<'a>>,
-    #[serde(borrow, default)]
-    text: Option<Raw<'a>>,
-    #[serde(borrow, default)]
-    thinking: Option<Raw<'a>>,
-    #[serde(borrow, default)]
-    tool_use_id: Option<Raw<'a>>,
-    #[serde(borrow, default)]
-    content: Option<Raw<'a>>,
-    #[serde(borrow, default)]
-    call_id: Option<Raw<'a>>,
-    #[serde(borrow, default)]
-    output: Option<Raw<'a>>,
-    #[serde(borrow, default)]
-    role: Option<Raw<'a>>,
-}
-
-fn first_byte(r: Raw<'_>) -> u8 {
-    r.get().as_bytes().first().copied().unwrap_or(b' ')
-}
-
-/// Decodes a small raw value into `T`, naming `field` in the error.
-fn small<'a, T: Deserialize<'a>>(r: Raw<'a>, field: &str) -> Result<T, CanonError> {
-    serde_json::from_str(r.get()).map_err(|e| CanonError::Invalid {
-        field: field.to_owned(),
-        message: e.to_string(),
-    })
-}
-
-fn small_str(r: Raw<'_>, field: &str) -> Result<String, CanonError> {
-    if first_byte(r) != b'"' {
-        return Err(wrong(field, "a string"));
+impl<'d> Msg<'d> {
+    fn read(v: Val<'d>, i: usize) -> Result<Msg<'d>, CanonError> {
+        if v.kind() != Kind::Obj {
+            return Err(wrong(format!("messages[{i}]"), "an object"));
+        }
+        let [role, name, content, reasoning_content, reasoning, thinking, tool_calls, function_call, tool_call_id] =
+            fields(
+                v,
+                &[
+                    "role",
+                    "name",
+                    "content",
+                    "reasoning_content",
+                    "reasoning",
+                    "thinking",
+                    "tool_calls",
+                    "function_call",
+                    "tool_call_id",
+                ],
+                &|| format!("messages[{i}]"),
+            )?;
+        Ok(Msg {
+            role,
+            name,
+            content,
+            reasoning_content,
+            reasoning,
+            thinking,
+            tool_calls,
+            function_call,
+            tool_call_id,
+        })
     }
-    small::<String>(r, field)
 }
 
-/// The canonical form of a JSON string value: its content as serde_json would escape it.
-/// The common escapes (`\n \t \" \\ ...`) are already in that form, so the raw bytes are
-/// used as they are; only `\uXXXX` and `\/` need decoding and re-escaping.
-fn text_of<'a>(r: Raw<'a>, field: &str) -> Result<Cow<'a, [u8]>, CanonError> {
-    let raw = r.get().as_bytes();
-    if raw.len() < 2 || raw[0] != b'"' {
-        return Err(wrong(field, "a string"));
+/// A content part or block, or a Responses input item.
+struct Part<'d> {
+    ty: Option<Val<'d>>,
+    text: Option<Val<'d>>,
+    thinking: Option<Val<'d>>,
+    tool_use_id: Option<Val<'d>>,
+    content: Option<Val<'d>>,
+    call_id: Option<Val<'d>>,
+    output: Option<Val<'d>>,
+    role: Option<Val<'d>>,
+}
+
+impl<'d> Part<'d> {
+    fn read(v: Val<'d>, field: Field<'_>) -> Result<Part<'d>, CanonError> {
+        let [ty, text, thinking, tool_use_id, content, call_id, output, role] = fields(
+            v,
+            &[
+                "type",
+                "text",
+                "thinking",
+                "tool_use_id",
+                "content",
+                "call_id",
+                "output",
+                "role",
+            ],
+            field,
+        )?;
+        Ok(Part {
+            ty,
+            text,
+            thinking,
+            tool_use_id,
+            content,
+            call_id,
+            output,
+            role,
+        })
     }
-    let inner = &raw[1..raw.len() - 1];
-    // An escaped backslash followed by `u` or `/` also takes the slow path; decoding keeps
-    // it as it is, so the result is the same.
-    let needs_decoding = memchr::memmem::find(inner, b"\\u").is_some()
-        || memchr::memmem::find(inner, b"\\/").is_some();
-    if !needs_decoding {
-        return Ok(Cow::Borrowed(inner));
+}
+
+fn is_str(v: &Val<'_>) -> bool {
+    v.kind() == Kind::Str
+}
+
+/// A string's decoded text.
+fn str_of<'d>(v: Val<'d>, field: Field<'_>) -> Result<Cow<'d, str>, CanonError> {
+    if !is_str(&v) {
+        return Err(wrong(field(), "a string"));
     }
-    let s: String = small(r, field)?;
-    let e = serde_json::to_string(&s).unwrap_or_default();
-    Ok(Cow::Owned(e.as_bytes()[1..e.len() - 1].to_vec()))
+    v.text().map_err(|e| invalid(field(), e))
 }
 
-/// Canonical JSON of a raw value: serde_json's map is ordered by key and its writer is
-/// compact, so key order, whitespace and escaping of the input do not matter.
-fn json_of(r: Raw<'_>, field: &str) -> Result<Vec<u8>, CanonError> {
-    let v: Value = small(r, field)?;
-    Ok(serde_json::to_vec(&v).unwrap_or_default())
+/// Where canonical bytes go: a buffer (tests, tools) or straight into the fingerprint
+/// chain (the request path), so a 150 KB prompt is never copied out of the body.
+pub(crate) trait Sink {
+    fn put(&mut self, bytes: &[u8]);
 }
 
-struct Writer {
-    out: Vec<u8>,
+impl Sink for Vec<u8> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
 }
 
-impl Writer {
+struct Writer<S> {
+    sink: S,
+    /// Reused for the records whose canonical bytes differ from the input's.
+    scratch: Vec<u8>,
+}
+
+impl<S: Sink> Writer<S> {
     fn record(&mut self, tag: u8, bytes: &[u8]) {
-        self.out.push(tag);
         // Lengths above 4 GiB cannot occur: bodies are limited far below that.
-        self.out
-            .extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-        self.out.extend_from_slice(bytes);
+        let mut head = [tag, 0, 0, 0, 0];
+        head[1..].copy_from_slice(&(bytes.len() as u32).to_le_bytes());
+        self.sink.put(&head);
+        self.sink.put(bytes);
     }
 
-    fn text(&mut self, tag: u8, r: Raw<'_>, field: &str) -> Result<(), CanonError> {
-        let t = text_of(r, field)?;
-        self.record(tag, &t);
-        Ok(())
+    /// Builds a record's bytes in the scratch buffer, then writes it.
+    fn built(
+        &mut self,
+        tag: u8,
+        build: impl FnOnce(&mut Vec<u8>) -> Result<(), CanonError>,
+    ) -> Result<(), CanonError> {
+        let mut buf = std::mem::take(&mut self.scratch);
+        buf.clear();
+        let r = build(&mut buf);
+        if r.is_ok() {
+            self.record(tag, &buf);
+        }
+        self.scratch = buf;
+        r
     }
 
-    fn json(&mut self, tag: u8, r: Raw<'_>, field: &str) -> Result<(), CanonError> {
-        let j = json_of(r, field)?;
-        self.record(tag, &j);
-        Ok(())
+    /// A string as its canonical spelling (serde_json's escapes): nearly always the input's
+    /// own bytes.
+    fn text(&mut self, tag: u8, v: Val<'_>, field: Field<'_>) -> Result<(), CanonError> {
+        if !is_str(&v) {
+            return Err(wrong(field(), "a string"));
+        }
+        if let Some(same) = v.canonical_as_written() {
+            self.record(tag, same);
+            return Ok(());
+        }
+        self.built(tag, |out| v.write_str(out).map_err(|e| invalid(field(), e)))
     }
 
-    fn field(&mut self, name: &str, r: Raw<'_>) -> Result<(), CanonError> {
-        let j = json_of(r, name)?;
-        let mut s = Vec::with_capacity(name.len() + 1 + j.len());
-        s.extend_from_slice(name.as_bytes());
-        s.push(0);
-        s.extend_from_slice(&j);
-        self.record(tag::FIELD, &s);
-        Ok(())
+    /// Canonical JSON: compact, keys sorted, so key order, whitespace and escaping of the
+    /// input do not matter.
+    fn json(
+        &mut self,
+        tag: u8,
+        v: Val<'_>,
+        field: Field<'_>,
+        skip: &[&str],
+    ) -> Result<(), CanonError> {
+        self.built(tag, |out| {
+            v.write_json(out, skip).map_err(|e| invalid(field(), e))
+        })
+    }
+
+    fn field(&mut self, name: &str, v: Val<'_>) -> Result<(), CanonError> {
+        self.built(tag::FIELD, |out| {
+            out.extend_from_slice(name.as_bytes());
+            out.push(0);
+            v.write_json(out, &[])
+                .map_err(|e| invalid(name.to_owned(), e))
+        })
     }
 
     fn end(&mut self) {
@@ -323,43 +450,86 @@ pub fn canonicalize(endpoint: Endpoint, body: &Value) -> Result<CanonicalPrompt,
     canonicalize_json(endpoint, &serde_json::to_vec(body).unwrap_or_default())
 }
 
-/// Produces the canonical prompt straight from the request bytes, in one pass.
+/// Produces the canonical prompt straight from the request bytes: one validating pass over
+/// the body, then the prompt's records copied out in prompt order.
 pub fn canonicalize_json(endpoint: Endpoint, body: &[u8]) -> Result<CanonicalPrompt, CanonError> {
-    let start = body.iter().position(|b| !b.is_ascii_whitespace());
-    match start.map(|i| body[i]) {
-        Some(b'{') => {}
-        Some(_) => {
-            // Valid JSON of another type is a 400 of its own; invalid JSON says why.
-            return match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
-                Ok(_) => Err(CanonError::NotAnObject),
-                Err(e) => Err(CanonError::Json(e.to_string())),
-            };
-        }
-        None => return Err(CanonError::Json("empty body".into())),
-    }
-    let b: Body<'_> = serde_json::from_slice(body).map_err(|e| {
-        if e.is_data() {
-            CanonError::Invalid {
-                field: "body".into(),
-                message: e.to_string(),
-            }
+    let (head, bytes) = canonical(endpoint, body, |_| Vec::with_capacity(body.len()))?;
+    Ok(CanonicalPrompt {
+        model: head.model,
+        bytes,
+        session_id: head.session_id,
+        stream: head.stream,
+    })
+}
+
+/// What the request path needs from a body: the same as [`CanonicalPrompt`] but with the
+/// fingerprints in place of the canonical bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromptPrint {
+    /// Model name (the fingerprint seed).
+    pub model: String,
+    /// Fingerprints of the canonical bytes.
+    pub fingerprints: Fingerprints,
+    /// `session_params.session_id` from the body, when present.
+    pub session_id: Option<String>,
+    /// Whether the client asked for a streamed response.
+    pub stream: bool,
+}
+
+/// Canonicalizes and fingerprints in one pass, hashing the canonical bytes as they are
+/// produced instead of collecting them. Equal to `cfg.fingerprint(model, canonical bytes)`.
+pub fn fingerprint_json(
+    endpoint: Endpoint,
+    body: &[u8],
+    cfg: &FingerprintConfig,
+) -> Result<PromptPrint, CanonError> {
+    let (head, chain) = canonical(endpoint, body, |model| cfg.chain(model))?;
+    Ok(PromptPrint {
+        model: head.model,
+        fingerprints: chain.finish(),
+        session_id: head.session_id,
+        stream: head.stream,
+    })
+}
+
+struct Head {
+    model: String,
+    session_id: Option<String>,
+    stream: bool,
+}
+
+/// Validates `body` and writes its prompt's records, in prompt order, into the sink that
+/// `sink` makes for the body's model.
+fn canonical<S: Sink>(
+    endpoint: Endpoint,
+    body: &[u8],
+    sink: impl FnOnce(&str) -> S,
+) -> Result<(Head, S), CanonError> {
+    let doc = Doc::parse(body).map_err(|e| {
+        if body.iter().all(u8::is_ascii_whitespace) {
+            CanonError::Json("empty body".into())
         } else {
             CanonError::Json(e.to_string())
         }
     })?;
+    let root = doc.root();
+    if root.kind() != Kind::Obj {
+        return Err(CanonError::NotAnObject);
+    }
+    let b = Body::read(root)?;
     let model = match b.model {
         None => String::new(),
-        Some(r) if r.get() == "null" => String::new(),
-        Some(r) => small_str(r, "model")?,
+        Some(r) => str_of(r, &|| "model".to_owned())?.into_owned(),
     };
-    let stream = match b.stream.map(RawValue::get) {
-        None | Some("null") | Some("false") => false,
-        Some("true") => true,
+    let stream = match b.stream {
+        None => false,
+        Some(r) if r.kind() == Kind::Bool => r.raw() == b"true",
         Some(_) => return Err(wrong("stream", "a boolean")),
     };
     let session_id = session_id(b.session_params)?;
     let mut w = Writer {
-        out: Vec::with_capacity(body.len()),
+        sink: sink(&model),
+        scratch: Vec::new(),
     };
     match endpoint {
         Endpoint::Chat => chat(&b, &mut w)?,
@@ -367,34 +537,48 @@ pub fn canonicalize_json(endpoint: Endpoint, body: &[u8]) -> Result<CanonicalPro
         Endpoint::Responses => responses(&b, &mut w)?,
         Endpoint::Messages => messages(&b, &mut w)?,
     }
-    Ok(CanonicalPrompt {
-        model,
-        bytes: w.out,
-        session_id,
-        stream,
-    })
+    Ok((
+        Head {
+            model,
+            session_id,
+            stream,
+        },
+        w.sink,
+    ))
 }
 
-fn session_id(p: Option<Raw<'_>>) -> Result<Option<String>, CanonError> {
-    let Some(p) = p.filter(|p| p.get() != "null") else {
+fn session_id(p: Option<Val<'_>>) -> Result<Option<String>, CanonError> {
+    let Some(p) = p else {
         return Ok(None);
     };
-    if first_byte(p) != b'{' {
+    if p.kind() != Kind::Obj {
         return Err(wrong("session_params", "an object"));
     }
-    let v: Value = small(p, "session_params")?;
-    match v.get("session_id") {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) if !s.is_empty() => Ok(Some(s.clone())),
-        Some(Value::String(_)) => Ok(None),
-        Some(Value::Number(n)) => Ok(Some(n.to_string())),
-        Some(_) => Err(wrong("session_params.session_id", "a string")),
+    // The whole object must be well-formed text, not just the member read.
+    p.write_json(&mut Vec::new(), &[])
+        .map_err(|e| invalid("session_params".into(), e))?;
+    let Some((_, v)) = p.members().filter(|(k, _)| k.key_is("session_id")).last() else {
+        return Ok(None);
+    };
+    match v.kind() {
+        Kind::Null => Ok(None),
+        Kind::Str => {
+            let s = str_of(v, &|| "session_params.session_id".to_owned())?;
+            Ok((!s.is_empty()).then(|| s.into_owned()))
+        }
+        Kind::Num => {
+            let mut n = Vec::new();
+            v.write_json(&mut n, &[])
+                .map_err(|e| invalid("session_params.session_id".into(), e))?;
+            Ok(Some(String::from_utf8_lossy(&n).into_owned()))
+        }
+        _ => Err(wrong("session_params.session_id", "a string")),
     }
 }
 
-fn role_of(m: &Msg<'_>, field: &str) -> Result<String, CanonError> {
+fn role_of<'d>(m: &Msg<'d>, field: Field<'_>) -> Result<Cow<'d, str>, CanonError> {
     match m.role {
-        Some(r) => small_str(r, &format!("{field}.role")),
+        Some(r) => str_of(r, &|| format!("{}.role", field())),
         None => Err(CanonError::Missing("messages[].role")),
     }
 }
@@ -403,68 +587,68 @@ fn is_system_role(role: &str) -> bool {
     role == "system" || role == "developer"
 }
 
-fn chat(b: &Body<'_>, w: &mut Writer) -> Result<(), CanonError> {
-    let raw = b.messages.as_ref().ok_or(CanonError::Missing("messages"))?;
-    let mut msgs = Vec::with_capacity(raw.len());
-    for (i, m) in raw.iter().enumerate() {
-        let role = role_of(m, &format!("messages[{i}]"))?;
-        msgs.push((role, m));
+fn chat(b: &Body<'_>, w: &mut Writer<impl Sink>) -> Result<(), CanonError> {
+    let msgs = b.messages.as_ref().ok_or(CanonError::Missing("messages"))?;
+    let mut roles = Vec::with_capacity(msgs.len());
+    for (i, m) in msgs.iter().enumerate() {
+        roles.push(role_of(m, &|| format!("messages[{i}]"))?);
     }
     // Leading system/developer turns are rendered first by every template; a system turn in
     // the middle stays where it is.
-    let lead = msgs.iter().take_while(|(r, _)| is_system_role(r)).count();
-    for (i, (role, m)) in msgs[..lead].iter().enumerate() {
+    let lead = roles.iter().take_while(|r| is_system_role(r)).count();
+    for (i, (role, m)) in roles.iter().zip(msgs).enumerate().take(lead) {
         chat_message(i, role, m, w)?;
     }
     for f in CHAT_PROMPT_FIELDS {
-        if let Some(r) = b.chat_field(f).filter(|r| r.get() != "null") {
+        if let Some(r) = b.chat_field(f) {
             w.field(f, r)?;
         }
     }
-    for (i, (role, m)) in msgs.iter().enumerate().skip(lead) {
+    for (i, (role, m)) in roles.iter().zip(msgs).enumerate().skip(lead) {
         chat_message(i, role, m, w)?;
     }
     Ok(())
 }
 
-fn chat_message(i: usize, role: &str, m: &Msg<'_>, w: &mut Writer) -> Result<(), CanonError> {
+fn chat_message(
+    i: usize,
+    role: &str,
+    m: &Msg<'_>,
+    w: &mut Writer<impl Sink>,
+) -> Result<(), CanonError> {
     w.record(tag::ROLE, role.as_bytes());
-    if let Some(n) = m.name.filter(|n| n.get() != "null") {
-        w.text(tag::NAME, n, &format!("messages[{i}].name"))?;
+    if let Some(n) = m.name {
+        w.text(tag::NAME, n, &|| format!("messages[{i}].name"))?;
     }
-    content(&format!("messages[{i}].content"), m.content, w)?;
+    content(&|| format!("messages[{i}].content"), m.content, w)?;
     for r in [m.reasoning_content, m.reasoning, m.thinking]
         .into_iter()
         .flatten()
     {
-        match first_byte(r) {
-            b'n' => {}
-            b'"' => w.text(tag::REASONING, r, "reasoning")?,
-            _ => w.json(tag::REASONING, r, "reasoning")?,
+        if is_str(&r) {
+            w.text(tag::REASONING, r, &|| "reasoning".to_owned())?;
+        } else {
+            w.json(tag::REASONING, r, &|| "reasoning".to_owned(), &[])?;
         }
     }
-    if let Some(tc) = m.tool_calls.filter(|r| r.get() != "null") {
-        let calls: Vec<Raw<'_>> = if first_byte(tc) == b'[' {
-            small(tc, &format!("messages[{i}].tool_calls"))?
-        } else {
+    if let Some(tc) = m.tool_calls {
+        if tc.kind() != Kind::Arr {
             return Err(wrong(format!("messages[{i}].tool_calls"), "an array"));
-        };
-        for (j, c) in calls.iter().enumerate() {
-            if first_byte(c) != b'{' {
+        }
+        for (j, c) in tc.items().enumerate() {
+            if c.kind() != Kind::Obj {
                 return Err(wrong(format!("messages[{i}].tool_calls[{j}]"), "an object"));
             }
-            w.json(tag::TOOL_CALL, c, "tool_calls")?;
+            w.json(tag::TOOL_CALL, c, &|| "tool_calls".to_owned(), &[])?;
         }
     }
-    if let Some(fc) = m.function_call.filter(|r| r.get() != "null") {
-        w.json(tag::TOOL_CALL, fc, "function_call")?;
+    if let Some(fc) = m.function_call {
+        w.json(tag::TOOL_CALL, fc, &|| "function_call".to_owned(), &[])?;
     }
-    if let Some(id) = m.tool_call_id.filter(|r| r.get() != "null") {
-        w.text(
-            tag::TOOL_CALL_ID,
-            id,
-            &format!("messages[{i}].tool_call_id"),
-        )?;
+    if let Some(id) = m.tool_call_id {
+        w.text(tag::TOOL_CALL_ID, id, &|| {
+            format!("messages[{i}].tool_call_id")
+        })?;
     }
     w.end();
     Ok(())
@@ -473,172 +657,163 @@ fn chat_message(i: usize, role: &str, m: &Msg<'_>, w: &mut Writer) -> Result<(),
 /// Message content: a string, null, or a list of parts. Text parts become text records, so
 /// `"hi"` and `[{"type":"text","text":"hi"}]` are the same prompt; other parts (images,
 /// audio, files) are kept as canonical JSON, minus Anthropic's `cache_control` markers.
-fn content(field: &str, v: Option<Raw<'_>>, w: &mut Writer) -> Result<(), CanonError> {
+fn content(
+    field: Field<'_>,
+    v: Option<Val<'_>>,
+    w: &mut Writer<impl Sink>,
+) -> Result<(), CanonError> {
     let Some(v) = v else { return Ok(()) };
-    match first_byte(v) {
-        b'n' if v.get() == "null" => Ok(()),
-        b'"' => w.text(tag::TEXT, v, field),
-        b'[' => {
-            let parts: Vec<Raw<'_>> = small(v, field)?;
-            for (j, p) in parts.iter().enumerate() {
-                let pf = format!("{field}[{j}]");
-                match first_byte(p) {
-                    b'"' => w.text(tag::TEXT, p, &pf)?,
-                    b'{' => {
-                        let part: Part<'_> = small(p, &pf)?;
+    match v.kind() {
+        Kind::Null => Ok(()),
+        Kind::Str => w.text(tag::TEXT, v, field),
+        Kind::Arr => {
+            for (j, p) in v.items().enumerate() {
+                let pf = || format!("{}[{j}]", field());
+                match p.kind() {
+                    Kind::Str => w.text(tag::TEXT, p, &pf)?,
+                    Kind::Obj => {
+                        let part = Part::read(p, &pf)?;
                         let ty = match part.ty {
-                            Some(t) if first_byte(t) == b'"' => small_str(t, &pf)?,
-                            _ => String::new(),
+                            Some(t) if is_str(&t) => str_of(t, &pf)?,
+                            _ => Cow::Borrowed(""),
                         };
-                        match (ty.as_str(), part.text) {
-                            ("text" | "input_text" | "output_text" | "", Some(t))
-                                if first_byte(t) == b'"' =>
-                            {
-                                w.text(tag::TEXT, t, &format!("{pf}.text"))?
+                        match (ty.as_ref(), part.text) {
+                            ("text" | "input_text" | "output_text" | "", Some(t)) if is_str(&t) => {
+                                w.text(tag::TEXT, t, &|| format!("{}.text", pf()))?
                             }
                             ("text" | "input_text" | "output_text", Some(_)) => {
-                                return Err(wrong(format!("{pf}.text"), "a string"))
+                                return Err(wrong(format!("{}.text", pf()), "a string"))
                             }
                             _ => other_part(p, &pf, w)?,
                         }
                     }
-                    _ => return Err(wrong(pf, "an object")),
+                    _ => return Err(wrong(pf(), "an object")),
                 }
             }
             Ok(())
         }
-        _ => Err(wrong(field, "a string, an array or null")),
+        _ => Err(wrong(field(), "a string, an array or null")),
     }
 }
 
 /// A non-text part as canonical JSON, without `cache_control` (not prompt text).
-fn other_part(r: Raw<'_>, field: &str, w: &mut Writer) -> Result<(), CanonError> {
-    let mut v: Value = small(r, field)?;
-    if let Value::Object(o) = &mut v {
-        o.remove("cache_control");
-    }
-    w.record(tag::PART, &serde_json::to_vec(&v).unwrap_or_default());
-    Ok(())
+fn other_part(p: Val<'_>, field: Field<'_>, w: &mut Writer<impl Sink>) -> Result<(), CanonError> {
+    w.json(tag::PART, p, field, &["cache_control"])
 }
 
-fn completions(b: &Body<'_>, w: &mut Writer) -> Result<(), CanonError> {
+fn completions(b: &Body<'_>, w: &mut Writer<impl Sink>) -> Result<(), CanonError> {
     let prompt = b.prompt.ok_or(CanonError::Missing("prompt"))?;
-    completion_prompt("prompt", prompt, w, true)
+    completion_prompt(&|| "prompt".to_owned(), prompt, w, true)
 }
 
 /// A prompt is a string, a list of token ids, or a batch of either; a batch is routed by
 /// its first prompt (they usually share the prefix that matters).
 fn completion_prompt(
-    field: &str,
-    prompt: Raw<'_>,
-    w: &mut Writer,
+    field: Field<'_>,
+    prompt: Val<'_>,
+    w: &mut Writer<impl Sink>,
     allow_batch: bool,
 ) -> Result<(), CanonError> {
-    match first_byte(prompt) {
-        b'"' => w.text(tag::PROMPT, prompt, field),
-        b'[' => {
-            let items: Vec<Raw<'_>> = small(prompt, field)?;
-            if items.is_empty() {
-                return Err(wrong(field, "a non-empty prompt"));
-            }
-            let numeric = |r: &Raw<'_>| matches!(first_byte(r), b'-' | b'0'..=b'9');
-            if items.iter().all(numeric) {
+    match prompt.kind() {
+        Kind::Str => w.text(tag::PROMPT, prompt, field),
+        Kind::Arr => {
+            let items: Vec<Val<'_>> = prompt.items().collect();
+            let Some(first) = items.first() else {
+                return Err(wrong(field(), "a non-empty prompt"));
+            };
+            if items.iter().all(|t| t.kind() == Kind::Num) {
                 let mut bytes = Vec::with_capacity(items.len() * 4);
                 for (j, t) in items.iter().enumerate() {
-                    let id: u32 = t
-                        .get()
-                        .parse()
-                        .map_err(|_| wrong(format!("{field}[{j}]"), "a token id (u32)"))?;
+                    let id: u32 = std::str::from_utf8(t.raw())
+                        .ok()
+                        .and_then(|s| s.parse().ok())
+                        .ok_or_else(|| wrong(format!("{}[{j}]", field()), "a token id (u32)"))?;
                     bytes.extend_from_slice(&id.to_le_bytes());
                 }
                 w.record(tag::TOKENS, &bytes);
                 Ok(())
             } else if allow_batch {
                 for (j, item) in items.iter().enumerate() {
-                    if !matches!(first_byte(item), b'"' | b'[') {
-                        return Err(wrong(format!("{field}[{j}]"), "a string or token list"));
+                    if !matches!(item.kind(), Kind::Str | Kind::Arr) {
+                        return Err(wrong(format!("{}[{j}]", field()), "a string or token list"));
                     }
                 }
-                completion_prompt(&format!("{field}[0]"), items[0], w, false)
+                completion_prompt(&|| format!("{}[0]", field()), *first, w, false)
             } else {
-                Err(wrong(field, "a string or a list of token ids"))
+                Err(wrong(field(), "a string or a list of token ids"))
             }
         }
         _ => Err(wrong(
-            field,
+            field(),
             "a string, a list of strings, or a list of token ids",
         )),
     }
 }
 
-fn responses(b: &Body<'_>, w: &mut Writer) -> Result<(), CanonError> {
-    if let Some(i) = b.instructions.filter(|r| r.get() != "null") {
-        w.text(tag::SYSTEM, i, "instructions")?;
+fn responses(b: &Body<'_>, w: &mut Writer<impl Sink>) -> Result<(), CanonError> {
+    if let Some(i) = b.instructions {
+        w.text(tag::SYSTEM, i, &|| "instructions".to_owned())?;
     }
     for (f, r) in [
         ("tools", b.tools),
         ("previous_response_id", b.previous_response_id),
         ("reasoning", b.reasoning),
     ] {
-        if let Some(r) = r.filter(|r| r.get() != "null") {
+        if let Some(r) = r {
             w.field(f, r)?;
         }
     }
     let input = b.input.ok_or(CanonError::Missing("input"))?;
-    match first_byte(input) {
-        b'"' => {
+    match input.kind() {
+        Kind::Str => {
             w.record(tag::ROLE, b"user");
-            w.text(tag::TEXT, input, "input")?;
+            w.text(tag::TEXT, input, &|| "input".to_owned())?;
             w.end();
             Ok(())
         }
-        b'[' => {
-            let items: Vec<Raw<'_>> = small(input, "input")?;
-            for (i, item) in items.iter().enumerate() {
-                let field = format!("input[{i}]");
-                if first_byte(item) != b'{' {
-                    return Err(wrong(field, "an object"));
+        Kind::Arr => {
+            for (i, item) in input.items().enumerate() {
+                let field = || format!("input[{i}]");
+                if item.kind() != Kind::Obj {
+                    return Err(wrong(field(), "an object"));
                 }
-                let p: Part<'_> = small(item, &field)?;
+                let p = Part::read(item, &field)?;
                 let ty = match p.ty {
-                    Some(t) => small_str(t, &format!("{field}.type"))?,
-                    None => "message".to_owned(),
+                    Some(t) => str_of(t, &|| format!("{}.type", field()))?,
+                    None => Cow::Borrowed("message"),
                 };
-                match ty.as_str() {
+                match ty.as_ref() {
                     "message" => {
                         let role = match p.role {
-                            Some(r) => small_str(r, &format!("{field}.role"))?,
-                            None => "user".to_owned(),
+                            Some(r) => str_of(r, &|| format!("{}.role", field()))?,
+                            None => Cow::Borrowed("user"),
                         };
                         w.record(tag::ROLE, role.as_bytes());
-                        content(&format!("{field}.content"), p.content, w)?;
+                        content(&|| format!("{}.content", field()), p.content, w)?;
                     }
                     "function_call_output" => {
                         w.record(tag::ROLE, b"tool");
-                        if let Some(id) = p.call_id.filter(|r| first_byte(r) == b'"') {
-                            w.text(tag::TOOL_CALL_ID, id, &format!("{field}.call_id"))?;
+                        if let Some(id) = p.call_id.filter(is_str) {
+                            w.text(tag::TOOL_CALL_ID, id, &|| format!("{}.call_id", field()))?;
                         }
                         match p.output {
-                            Some(o) if first_byte(o) == b'"' => {
-                                w.text(tag::TEXT, o, &format!("{field}.output"))?
+                            Some(o) if is_str(&o) => {
+                                w.text(tag::TEXT, o, &|| format!("{}.output", field()))?
                             }
-                            Some(o) => w.json(tag::PART, o, &format!("{field}.output"))?,
+                            Some(o) => {
+                                w.json(tag::PART, o, &|| format!("{}.output", field()), &[])?
+                            }
                             None => {}
                         }
                     }
                     "reasoning" => {
                         w.record(tag::ROLE, b"assistant");
-                        w.json(tag::REASONING, item, &field)?;
+                        w.json(tag::REASONING, item, &field, &[])?;
                     }
                     _ => {
                         // function_call and other items: kept whole, minus volatile ids.
-                        let mut v: Value = small(item, &field)?;
-                        if let Value::Object(o) = &mut v {
-                            o.remove("id");
-                            o.remove("status");
-                        }
                         w.record(tag::ROLE, b"assistant");
-                        w.record(tag::TOOL_CALL, &serde_json::to_vec(&v).unwrap_or_default());
+                        w.json(tag::TOOL_CALL, item, &field, &["id", "status"])?;
                     }
                 }
                 w.end();
@@ -649,66 +824,68 @@ fn responses(b: &Body<'_>, w: &mut Writer) -> Result<(), CanonError> {
     }
 }
 
-fn messages(b: &Body<'_>, w: &mut Writer) -> Result<(), CanonError> {
-    if let Some(s) = b.system.filter(|r| r.get() != "null") {
-        match first_byte(s) {
-            b'"' => w.text(tag::SYSTEM, s, "system")?,
-            b'[' => {
+fn messages(b: &Body<'_>, w: &mut Writer<impl Sink>) -> Result<(), CanonError> {
+    if let Some(s) = b.system {
+        match s.kind() {
+            Kind::Str => w.text(tag::SYSTEM, s, &|| "system".to_owned())?,
+            Kind::Arr => {
                 w.record(tag::ROLE, b"system");
-                content("system", Some(s), w)?;
+                content(&|| "system".to_owned(), Some(s), w)?;
                 w.end();
             }
             _ => return Err(wrong("system", "a string or an array")),
         }
     }
-    if let Some(tools) = b.tools.filter(|r| r.get() != "null") {
-        if first_byte(tools) != b'[' {
+    if let Some(tools) = b.tools {
+        if tools.kind() != Kind::Arr {
             return Err(wrong("tools", "an array"));
         }
         // cache_control marks where the client wants a cache breakpoint; not prompt text.
-        let mut list: Vec<Value> = small(tools, "tools")?;
-        for t in &mut list {
-            if let Value::Object(o) = t {
-                o.remove("cache_control");
+        w.built(tag::FIELD, |out| {
+            out.extend_from_slice(b"tools\0[");
+            for (k, t) in tools.items().enumerate() {
+                if k > 0 {
+                    out.push(b',');
+                }
+                t.write_json(out, &["cache_control"])
+                    .map_err(|e| invalid("tools".into(), e))?;
             }
-        }
-        let mut s = b"tools\0".to_vec();
-        s.extend_from_slice(&serde_json::to_vec(&list).unwrap_or_default());
-        w.record(tag::FIELD, &s);
+            out.push(b']');
+            Ok(())
+        })?;
     }
-    let raw = b.messages.as_ref().ok_or(CanonError::Missing("messages"))?;
-    for (i, m) in raw.iter().enumerate() {
-        let field = format!("messages[{i}]");
+    let msgs = b.messages.as_ref().ok_or(CanonError::Missing("messages"))?;
+    for (i, m) in msgs.iter().enumerate() {
+        let field = || format!("messages[{i}]");
         let role = role_of(m, &field)?;
         w.record(tag::ROLE, role.as_bytes());
-        let cf = format!("{field}.content");
+        let cf = || format!("{}.content", field());
         match m.content {
-            Some(c) if first_byte(c) == b'[' => {
-                let blocks: Vec<Raw<'_>> = small(c, &cf)?;
-                for (j, blk) in blocks.iter().enumerate() {
-                    let bf = format!("{cf}[{j}]");
-                    if first_byte(blk) != b'{' {
-                        return Err(wrong(bf, "an object"));
+            Some(c) if c.kind() == Kind::Arr => {
+                for (j, blk) in c.items().enumerate() {
+                    let bf = || format!("{}[{j}]", cf());
+                    if blk.kind() != Kind::Obj {
+                        return Err(wrong(bf(), "an object"));
                     }
-                    let p: Part<'_> = small(blk, &bf)?;
+                    let p = Part::read(blk, &bf)?;
                     let ty = match p.ty {
-                        Some(t) if first_byte(t) == b'"' => small_str(t, &bf)?,
-                        _ => String::new(),
+                        Some(t) if is_str(&t) => str_of(t, &bf)?,
+                        _ => Cow::Borrowed(""),
                     };
-                    match ty.as_str() {
+                    match ty.as_ref() {
                         "text" => match p.text {
-                            Some(t) if first_byte(t) == b'"' => w.text(tag::TEXT, t, &bf)?,
-                            _ => return Err(wrong(format!("{bf}.text"), "a string")),
+                            Some(t) if is_str(&t) => w.text(tag::TEXT, t, &bf)?,
+                            _ => return Err(wrong(format!("{}.text", bf()), "a string")),
                         },
                         "thinking" => match p.thinking {
-                            Some(t) if first_byte(t) == b'"' => w.text(tag::REASONING, t, &bf)?,
+                            Some(t) if is_str(&t) => w.text(tag::REASONING, t, &bf)?,
                             _ => other_part(blk, &bf, w)?,
                         },
                         "tool_result" => {
-                            if let Some(id) = p.tool_use_id.filter(|r| first_byte(r) == b'"') {
+                            if let Some(id) = p.tool_use_id.filter(is_str) {
                                 w.text(tag::TOOL_CALL_ID, id, &bf)?;
                             }
-                            content(&format!("{bf}.content"), p.content, w)?;
+                            content(&|| format!("{}.content", bf()), p.content, w)?;
                         }
                         _ => other_part(blk, &bf, w)?,
                     }

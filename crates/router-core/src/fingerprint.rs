@@ -9,7 +9,7 @@
 //! xxh3 is specified byte-for-byte and we feed it explicit little-endian values, so the
 //! fingerprints are the same on every architecture and release (golden vectors below).
 
-use crate::canon::FORMAT_VERSION;
+use crate::canon::{Sink, FORMAT_VERSION};
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 /// How prompts are cut. `bytes_per_token` converts bytes to the engine's tokens for the
@@ -67,22 +67,22 @@ pub fn seed(model: &str) -> u64 {
 impl FingerprintConfig {
     /// Fingerprints `bytes` for `model`.
     pub fn fingerprint(&self, model: &str, bytes: &[u8]) -> Fingerprints {
+        let mut c = self.chain(model);
+        c.put(bytes);
+        c.finish()
+    }
+
+    /// A chain that fingerprints bytes fed to it in pieces, as if they were one slice.
+    pub(crate) fn chain(&self, model: &str) -> Chain {
         let chunk = self.chunk_bytes.max(1) as usize;
-        let bpt = self.bytes_per_token.max(1) as u64;
-        let limit = bytes.len().min(self.max_prefix_bytes as usize);
-        let mut prev = seed(model);
-        let n = limit.div_ceil(chunk);
-        let mut hashes = Vec::with_capacity(n);
-        let mut chunk_tokens = Vec::with_capacity(n);
-        for c in bytes[..limit].chunks(chunk) {
-            prev = xxh3_64_with_seed(c, prev);
-            hashes.push(prev);
-            chunk_tokens.push((c.len() as u64).div_ceil(bpt) as u32);
-        }
-        Fingerprints {
-            hashes,
-            chunk_tokens,
-            total_tokens: (bytes.len() as u64).div_ceil(bpt),
+        Chain {
+            chunk,
+            limit: self.max_prefix_bytes as usize,
+            bpt: u64::from(self.bytes_per_token.max(1)),
+            seen: 0,
+            buf: Vec::new(),
+            prev: seed(model),
+            out: Fingerprints::default(),
         }
     }
 
@@ -98,6 +98,69 @@ impl FingerprintConfig {
             return Err("bytes_per_token must be positive".into());
         }
         Ok(self)
+    }
+}
+
+/// Cuts a byte stream into chunks and chains their hashes. Whole chunks inside one piece
+/// are hashed where they lie; only chunks that straddle pieces are copied.
+pub(crate) struct Chain {
+    chunk: usize,
+    limit: usize,
+    bpt: u64,
+    /// Bytes fed so far (including any past the limit).
+    seen: usize,
+    /// The current partial chunk.
+    buf: Vec<u8>,
+    prev: u64,
+    out: Fingerprints,
+}
+
+impl Chain {
+    fn hash(&mut self, c: &[u8]) {
+        self.prev = xxh3_64_with_seed(c, self.prev);
+        self.out.hashes.push(self.prev);
+        self.out
+            .chunk_tokens
+            .push((c.len() as u64).div_ceil(self.bpt) as u32);
+    }
+
+    /// The fingerprints of everything fed (a trailing partial chunk gets one too).
+    pub(crate) fn finish(mut self) -> Fingerprints {
+        if !self.buf.is_empty() {
+            let buf = std::mem::take(&mut self.buf);
+            self.hash(&buf);
+        }
+        self.out.total_tokens = (self.seen as u64).div_ceil(self.bpt);
+        self.out
+    }
+}
+
+impl Sink for Chain {
+    fn put(&mut self, bytes: &[u8]) {
+        let before = self.seen;
+        self.seen += bytes.len();
+        if before >= self.limit {
+            return;
+        }
+        let mut b = &bytes[..bytes.len().min(self.limit - before)];
+        if !self.buf.is_empty() {
+            let take = (self.chunk - self.buf.len()).min(b.len());
+            self.buf.extend_from_slice(&b[..take]);
+            b = &b[take..];
+            if self.buf.len() < self.chunk {
+                return;
+            }
+            let buf = std::mem::take(&mut self.buf);
+            self.hash(&buf);
+            self.buf = buf;
+            self.buf.clear();
+        }
+        while b.len() >= self.chunk {
+            let (c, rest) = b.split_at(self.chunk);
+            self.hash(c);
+            b = rest;
+        }
+        self.buf.extend_from_slice(b);
     }
 }
 

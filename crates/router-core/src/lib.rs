@@ -7,11 +7,15 @@ pub mod canon;
 pub mod fingerprint;
 pub mod health;
 pub mod index;
+mod json;
 pub mod machine;
 pub mod score;
 pub mod secret;
 
-pub use canon::{canonicalize, canonicalize_json, CanonError, CanonicalPrompt, Endpoint};
+pub use canon::{
+    canonicalize, canonicalize_json, fingerprint_json, CanonError, CanonicalPrompt, Endpoint,
+    PromptPrint,
+};
 pub use fingerprint::{FingerprintConfig, Fingerprints};
 pub use health::{HealthMachine, HealthThresholds, HealthTransition};
 pub use index::{CacheModel, IndexStats, IndexView, ModelSnapshot, RankId};

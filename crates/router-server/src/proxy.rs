@@ -14,7 +14,7 @@ use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use router_core::{
-    canonicalize_json, ct_eq, select, Candidate, CanonError, Endpoint, Fingerprints, Reason,
+    ct_eq, fingerprint_json, select, Candidate, CanonError, Endpoint, Fingerprints, Reason,
     RouteInput,
 };
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -225,12 +225,12 @@ async fn inference(
     let started = Instant::now();
     let (parts, body) = read_body(ctx, req).await?;
     let t_body = started.elapsed();
-    let canon = canonicalize_json(ep, &body).map_err(|e| match e {
+    let print = fingerprint_json(ep, &body, &ctx.cfg.fingerprint).map_err(|e| match e {
         CanonError::Json(_) => ApiError::bad_request("invalid_json", e.to_string()),
         _ => ApiError::bad_request("invalid_request", e.to_string()),
     })?;
-    let fps = ctx.cfg.fingerprint.fingerprint(&canon.model, &canon.bytes);
-    let session = session_of(&parts.headers, canon.session_id.as_deref());
+    let fps = print.fingerprints;
+    let session = session_of(&parts.headers, print.session_id.as_deref());
     let topo = ctx.state.topology();
     let eligible: Vec<&Arc<RankState>> = topo.ranks.iter().filter(|r| r.eligible()).collect();
     if eligible.is_empty() {

@@ -1,5 +1,6 @@
 //! `routerbench`: workloads, comparisons and simulations for the router.
 
+mod canonbench;
 mod cluster;
 mod compare;
 mod fleet;
@@ -34,6 +35,8 @@ enum Cmd {
     Cluster(cluster::ClusterArgs),
     /// Route records replicated per second across Raft peers (gRPC + sled, in process).
     Raft(raftbench::RaftArgs),
+    /// CPU cost of canonicalizing and fingerprinting one request body.
+    Canon(canonbench::CanonArgs),
 }
 
 #[derive(clap::Args)]
@@ -173,6 +176,9 @@ async fn main() -> anyhow::Result<()> {
         }
         Cmd::Raft(r) => {
             raftbench::run(r).await?;
+        }
+        Cmd::Canon(c) => {
+            canonbench::run(c)?;
         }
     }
     Ok(())

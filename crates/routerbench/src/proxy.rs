@@ -35,6 +35,10 @@ pub struct ProxyArgs {
     /// Concurrent connections for the throughput test.
     #[arg(long, default_value_t = 32)]
     pub concurrency: usize,
+    /// Request path sent to every target (`/v1/embeddings` measures the router's
+    /// pass-through floor: same proxying, no prompt work).
+    #[arg(long, default_value = "/v1/chat/completions")]
+    pub path: String,
     /// Keep the router's and nginx's logs.
     #[arg(long)]
     pub keep_logs: bool,
@@ -153,15 +157,9 @@ pub async fn run(a: ProxyArgs) -> anyhow::Result<serde_json::Value> {
     let nport = free_port()?;
     let _nginx = start_nginx(&dir, nport, &[up.to_string()]).await?;
     let targets = [
-        ("direct", format!("http://{up}/v1/chat/completions")),
-        (
-            "router",
-            format!("http://127.0.0.1:{rport}/v1/chat/completions"),
-        ),
-        (
-            "nginx",
-            format!("http://127.0.0.1:{nport}/v1/chat/completions"),
-        ),
+        ("direct", format!("http://{up}{}", a.path)),
+        ("router", format!("http://127.0.0.1:{rport}{}", a.path)),
+        ("nginx", format!("http://127.0.0.1:{nport}{}", a.path)),
     ];
     let client: C = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
 
