@@ -42,6 +42,9 @@ pub struct Config {
     pub timeouts: Timeouts,
     /// Upstream attempts per request (connect errors and 502/503 before the first byte).
     pub max_attempts: u32,
+    /// Data-plane threads, each with its own event loop and upstream connection pool
+    /// (0 = one per CPU).
+    pub workers: usize,
     /// Active health checks.
     pub health: HealthConfig,
     /// TLS on the client listener.
@@ -334,6 +337,7 @@ impl Default for Config {
             limits: Limits::default(),
             timeouts: Timeouts::default(),
             max_attempts: 3,
+            workers: 0,
             health: HealthConfig::default(),
             tls: None,
             log: LogConfig::default(),
@@ -461,6 +465,9 @@ impl Config {
     /// Checks every value; returns the config unchanged when it is usable.
     pub fn validate(self) -> Result<Config, ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
+        if self.workers > 1024 {
+            return bad("workers must be 0 (one per CPU) to 1024".into());
+        }
         for u in &self.upstreams {
             if let Err(e) = parse_upstream_url(&u.url) {
                 return bad(format!("upstream '{}': {e}", u.url));

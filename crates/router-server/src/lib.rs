@@ -89,7 +89,7 @@ pub async fn run(cfg: Config, shutdown: watch::Receiver<bool>) -> anyhow::Result
         client,
         metrics,
         health,
-        tie: AtomicU64::new(0),
+        tie: Arc::new(AtomicU64::new(0)),
     });
     tracing::info!(
         listen = %cfg.listen,

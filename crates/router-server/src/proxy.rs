@@ -34,8 +34,23 @@ pub struct Ctx {
     pub metrics: Arc<Metrics>,
     /// Passive health reports.
     pub health: HealthReporter,
-    /// Tie-break rotation counter.
-    pub tie: AtomicU64,
+    /// Tie-break rotation counter (shared by every data-plane thread).
+    pub tie: Arc<AtomicU64>,
+}
+
+impl Ctx {
+    /// The same context with its own upstream connection pool, for one data-plane thread
+    /// (a pool's connections are driven by the runtime that opened them).
+    pub fn for_worker(&self) -> Ctx {
+        Ctx {
+            cfg: self.cfg.clone(),
+            state: self.state.clone(),
+            client: crate::upstream_client(&self.cfg),
+            metrics: self.metrics.clone(),
+            health: self.health.clone(),
+            tie: self.tie.clone(),
+        }
+    }
 }
 
 /// Headers that describe one hop, never forwarded.

@@ -12,20 +12,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 
-/// Serves `listener` until `shutdown` turns true, then waits (bounded) for open
-/// connections to finish.
-pub async fn serve(
-    listener: TcpListener,
-    ctx: Arc<Ctx>,
-    tls: Option<TlsAcceptor>,
-    metrics_only: bool,
-    mut shutdown: watch::Receiver<bool>,
-) {
+/// The connection settings shared by every listener and worker.
+fn conn_builder(ctx: &Ctx) -> auto::Builder<TokioExecutor> {
     let limits = &ctx.cfg.limits;
-    let permits = Arc::new(Semaphore::new(limits.max_connections as usize));
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // hyper answers a head larger than its buffer with a bare 431; below that size our
     // handler answers with a JSON body. The buffer must be at least 8 KiB.
@@ -40,7 +32,153 @@ pub async fn serve(
         .timer(TokioTimer::new())
         .max_header_list_size(buf as u32)
         .max_concurrent_streams(256);
+    builder
+}
+
+/// Serves one accepted connection on the current runtime.
+#[allow(clippy::too_many_arguments)]
+fn spawn_conn(
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    permit: OwnedSemaphorePermit,
+    ctx: &Arc<Ctx>,
+    builder: &auto::Builder<TokioExecutor>,
+    graceful: &GracefulShutdown,
+    tls: Option<TlsAcceptor>,
+    metrics_only: bool,
+) {
+    let _ = stream.set_nodelay(true);
+    let ctx2 = ctx.clone();
+    let svc = service_fn(move |req| {
+        let ctx = ctx2.clone();
+        async move { Ok::<_, Infallible>(handle(ctx, req, metrics_only).await) }
+    });
+    let builder = builder.clone();
+    let watcher = graceful.watcher();
+    let header_timeout = Duration::from_millis(ctx.cfg.timeouts.client_header_ms);
+    tokio::spawn(async move {
+        let _permit = permit;
+        match tls {
+            None => {
+                let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
+                if let Err(e) = watcher.watch(conn.into_owned()).await {
+                    tracing::debug!(%peer, error = %e, "connection ended with error");
+                }
+            }
+            Some(acc) => {
+                let stream = match tokio::time::timeout(header_timeout, acc.accept(stream)).await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => return,
+                };
+                let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
+                if let Err(e) = watcher.watch(conn.into_owned()).await {
+                    tracing::debug!(%peer, error = %e, "connection ended with error");
+                }
+            }
+        }
+    });
+}
+
+/// Waits (bounded) for a runtime's open connections to finish.
+async fn drain(graceful: GracefulShutdown) {
+    tokio::select! {
+        _ = graceful.shutdown() => {}
+        _ = tokio::time::sleep(Duration::from_secs(30)) => {
+            tracing::warn!("drain timed out; closing remaining connections");
+        }
+    }
+}
+
+type Accepted = (std::net::TcpStream, SocketAddr, OwnedSemaphorePermit);
+/// Where connections go, and a receiver per worker completing once it has drained.
+type Workers = (
+    Vec<mpsc::UnboundedSender<Accepted>>,
+    Vec<oneshot::Receiver<()>>,
+);
+
+/// Starts `n` data-plane threads, each running its own single-threaded runtime with its own
+/// upstream connection pool, like nginx's worker processes: a request, its upstream
+/// connection and its relay stay on one thread, with no work stealing or cross-thread
+/// wakeups between them.
+fn start_workers(n: usize, ctx: &Arc<Ctx>, tls: &Option<TlsAcceptor>) -> std::io::Result<Workers> {
+    let mut senders = Vec::with_capacity(n);
+    let mut done = Vec::with_capacity(n);
+    for i in 0..n {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Accepted>();
+        let (done_tx, done_rx) = oneshot::channel();
+        let ctx = Arc::new(ctx.for_worker());
+        let tls = tls.clone();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        std::thread::Builder::new()
+            .name(format!("router-worker-{i}"))
+            .spawn(move || {
+                rt.block_on(async move {
+                    let builder = conn_builder(&ctx);
+                    let graceful = GracefulShutdown::new();
+                    while let Some((stream, peer, permit)) = rx.recv().await {
+                        let stream = match tokio::net::TcpStream::from_std(stream) {
+                            Ok(s) => s,
+                            Err(e) => {
+                                tracing::warn!(%peer, error = %e, "cannot register connection");
+                                continue;
+                            }
+                        };
+                        spawn_conn(
+                            stream,
+                            peer,
+                            permit,
+                            &ctx,
+                            &builder,
+                            &graceful,
+                            tls.clone(),
+                            false,
+                        );
+                    }
+                    drain(graceful).await;
+                });
+                let _ = done_tx.send(());
+            })?;
+        senders.push(tx);
+        done.push(done_rx);
+    }
+    Ok((senders, done))
+}
+
+/// Serves `listener` until `shutdown` turns true, then waits (bounded) for open
+/// connections to finish. Client traffic is served by `cfg.workers` data-plane threads;
+/// the metrics listener stays on the main runtime.
+pub async fn serve(
+    listener: TcpListener,
+    ctx: Arc<Ctx>,
+    tls: Option<TlsAcceptor>,
+    metrics_only: bool,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let permits = Arc::new(Semaphore::new(ctx.cfg.limits.max_connections as usize));
+    let builder = conn_builder(&ctx);
     let graceful = GracefulShutdown::new();
+    let n = match ctx.cfg.workers {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    let (workers, done) = if metrics_only {
+        (Vec::new(), Vec::new())
+    } else {
+        match start_workers(n, &ctx, &tls) {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start data-plane threads; serving on the main runtime");
+                (Vec::new(), Vec::new())
+            }
+        }
+    };
+    let mut next = 0usize;
     loop {
         let permit = tokio::select! {
             p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
@@ -57,49 +195,36 @@ pub async fn serve(
             },
             _ = shutdown.changed() => break,
         };
-        let _ = stream.set_nodelay(true);
-        let ctx2 = ctx.clone();
-        let svc = service_fn(move |req| {
-            let ctx = ctx2.clone();
-            async move { Ok::<_, Infallible>(handle(ctx, req, metrics_only).await) }
-        });
-        let builder = builder.clone();
-        let watcher = graceful.watcher();
-        let tls = tls.clone();
-        let header_timeout = Duration::from_millis(ctx.cfg.timeouts.client_header_ms);
-        tokio::spawn(async move {
-            let _permit = permit;
-            match tls {
-                None => {
-                    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
-                    if let Err(e) = watcher.watch(conn.into_owned()).await {
-                        tracing::debug!(%peer, error = %e, "connection ended with error");
-                    }
-                }
-                Some(acc) => {
-                    let stream =
-                        match tokio::time::timeout(header_timeout, acc.accept(stream)).await {
-                            Ok(Ok(s)) => s,
-                            Ok(Err(e)) => {
-                                tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                                return;
-                            }
-                            Err(_) => return,
-                        };
-                    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
-                    if let Err(e) = watcher.watch(conn.into_owned()).await {
-                        tracing::debug!(%peer, error = %e, "connection ended with error");
-                    }
+        if workers.is_empty() {
+            spawn_conn(
+                stream,
+                peer,
+                permit,
+                &ctx,
+                &builder,
+                &graceful,
+                tls.clone(),
+                metrics_only,
+            );
+            continue;
+        }
+        // Round robin: keep-alive clients hold their connection, so accepts are rare.
+        let w = &workers[next % workers.len()];
+        next = next.wrapping_add(1);
+        match stream.into_std() {
+            Ok(s) => {
+                if w.send((s, peer, permit)).is_err() {
+                    tracing::warn!(%peer, "data-plane thread gone; connection dropped");
                 }
             }
-        });
+            Err(e) => tracing::warn!(%peer, error = %e, "cannot hand the connection over"),
+        }
     }
     drop(listener);
-    tokio::select! {
-        _ = graceful.shutdown() => {}
-        _ = tokio::time::sleep(Duration::from_secs(30)) => {
-            tracing::warn!("drain timed out; closing remaining connections");
-        }
+    drop(workers);
+    drain(graceful).await;
+    for d in done {
+        let _ = d.await;
     }
 }
 
