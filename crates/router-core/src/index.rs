@@ -80,27 +80,30 @@ pub struct IndexView {
 
 impl IndexView {
     /// For each rank, how many leading fingerprints of `hashes` it holds, contiguously from
-    /// the first. O(prefix length); stops once no rank is still matching.
+    /// the first. What a rank holds of a chain is always a prefix of it (every record is a
+    /// whole prefix, and a prompt's chunks are evicted tail first), so each rank's depth is
+    /// a binary search: O(log n) map lookups, shared between ranks, instead of n.
     pub fn matches(&self, hashes: &[u64]) -> SmallVec<[(RankId, u32); 8]> {
         let mut out: SmallVec<[(RankId, u32); 8]> = SmallVec::new();
-        for (i, h) in hashes.iter().enumerate() {
-            let Some(holders) = self.map.get(h) else {
-                break;
-            };
-            let i = i as u32;
-            let mut extended = false;
-            for r in holders {
-                if i == 0 {
-                    out.push((*r, 1));
-                    extended = true;
-                } else if let Some(m) = out.iter_mut().find(|(rr, n)| rr == r && *n == i) {
-                    m.1 = i + 1;
-                    extended = true;
+        let Some(first) = hashes.first().and_then(|h| self.map.get(h)) else {
+            return out;
+        };
+        out.extend(first.iter().map(|r| (*r, 1)));
+        let mut seen: SmallVec<[Option<Option<&Holders>>; 64]> =
+            smallvec::smallvec![None; hashes.len()];
+        for (rank, depth) in out.iter_mut() {
+            // The answer lies in lo..=hi; depth d means chunk d - 1 is held.
+            let (mut lo, mut hi) = (1, hashes.len());
+            while lo < hi {
+                let mid = lo + (hi - lo).div_ceil(2);
+                let holders = *seen[mid - 1].get_or_insert_with(|| self.map.get(&hashes[mid - 1]));
+                if holders.is_some_and(|h| h.contains(rank)) {
+                    lo = mid;
+                } else {
+                    hi = mid - 1;
                 }
             }
-            if !extended {
-                break;
-            }
+            *depth = lo as u32;
         }
         out
     }
@@ -600,6 +603,68 @@ mod tests {
         range
             .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
             .collect()
+    }
+
+    /// The walk the binary search replaced: each rank extended chunk by chunk.
+    fn matches_linear(v: &IndexView, hashes: &[u64]) -> Vec<(RankId, u32)> {
+        let mut out: Vec<(RankId, u32)> = Vec::new();
+        for (i, h) in hashes.iter().enumerate() {
+            let Some(holders) = v.map.get(h) else { break };
+            let i = i as u32;
+            let mut extended = false;
+            for r in holders {
+                if i == 0 {
+                    out.push((*r, 1));
+                    extended = true;
+                } else if let Some(m) = out.iter_mut().find(|(rr, n)| rr == r && *n == i) {
+                    m.1 = i + 1;
+                    extended = true;
+                }
+            }
+            if !extended {
+                break;
+            }
+        }
+        out
+    }
+
+    /// Random conversations sharing prefixes, on ranks with small capacities and a small
+    /// global cap, so eviction runs constantly: the binary search always agrees with the
+    /// chunk-by-chunk walk, i.e. what a rank holds of a chain stays a prefix.
+    #[test]
+    fn binary_search_matches_linear_walk_under_eviction() {
+        let mut x = 0x1234_5678_9abc_def0u64;
+        let mut rnd = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for round in 0..20 {
+            let mut m = CacheModel::new(300 + round * 40, 100);
+            for r in 0..4 {
+                m.set_capacity(r, 50 + rnd(400));
+            }
+            // 12 conversations over 3 shared system prompts.
+            let chains: Vec<Vec<u64>> = (0..12u64)
+                .map(|c| {
+                    let mut h = fps((c % 3) * 1000..(c % 3) * 1000 + 4);
+                    h.extend(fps(10_000 + c * 100..10_000 + c * 100 + 36));
+                    h
+                })
+                .collect();
+            for _ in 0..400 {
+                let c = &chains[rnd(12) as usize];
+                let len = 1 + rnd(c.len() as u64) as usize;
+                let rank = rnd(4) as RankId;
+                let tokens: Vec<u32> = (0..len).map(|_| 1 + rnd(20) as u32).collect();
+                m.record(rank, &c[..len], &tokens, None);
+                let v = m.view();
+                for c in &chains {
+                    assert_eq!(v.matches(c).to_vec(), matches_linear(&v, c));
+                }
+            }
+        }
     }
 
     #[test]
