@@ -80,9 +80,13 @@ impl FingerprintConfig {
             limit: self.max_prefix_bytes as usize,
             bpt: u64::from(self.bytes_per_token.max(1)),
             seen: 0,
-            buf: Vec::new(),
+            buf: Vec::with_capacity(chunk),
             prev: seed(model),
-            out: Fingerprints::default(),
+            out: Fingerprints {
+                hashes: Vec::with_capacity(32),
+                chunk_tokens: Vec::with_capacity(32),
+                total_tokens: 0,
+            },
         }
     }
 

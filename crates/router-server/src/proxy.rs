@@ -139,7 +139,11 @@ async fn dispatch(
 }
 
 fn check_header_size(h: &HeaderMap, uri: &http::Uri, limit: u64) -> Result<(), ApiError> {
-    let size: usize = uri.to_string().len()
+    // The request target as sent (origin form, or absolute form with scheme and authority).
+    let target = uri.path_and_query().map_or(1, |p| p.as_str().len())
+        + uri.authority().map_or(0, |a| a.as_str().len() + 3)
+        + uri.scheme_str().map_or(0, str::len);
+    let size: usize = target
         + h.iter()
             .map(|(k, v)| k.as_str().len() + v.len() + 4)
             .sum::<usize>();
