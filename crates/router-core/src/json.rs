@@ -425,11 +425,19 @@ const BLOCK: usize = 32;
 /// the product's top byte is byte k of the word).
 #[inline]
 fn stops(block: &[u8; BLOCK]) -> (u32, u8) {
-    let mut flags = [0u8; BLOCK];
+    // Most blocks of a prompt hold no stop at all: a plain reduction settles those.
+    let mut any = 0u8;
     let mut or = 0u8;
+    for &x in block {
+        any |= u8::from(x == b'"') | u8::from(x == b'\\') | u8::from(x < 0x20);
+        or |= x;
+    }
+    if any == 0 {
+        return (0, or);
+    }
+    let mut flags = [0u8; BLOCK];
     for (f, &x) in flags.iter_mut().zip(block) {
         *f = u8::from(x == b'"') | u8::from(x == b'\\') | u8::from(x < 0x20);
-        or |= x;
     }
     let mut mask = 0u32;
     for (w, word) in flags.chunks_exact(8).enumerate() {
