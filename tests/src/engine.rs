@@ -32,6 +32,8 @@ pub struct EngineState {
     pub force_status: AtomicU16,
     /// Health probes answered.
     pub probes: AtomicU64,
+    /// TCP connections accepted.
+    pub connections: AtomicU64,
 }
 
 /// A running fake engine.
@@ -56,6 +58,12 @@ impl FakeEngine {
 
     /// Starts one on a free port.
     pub async fn start(name: &str) -> FakeEngine {
+        Self::start_with_idle_close(name, None).await
+    }
+
+    /// Starts one that closes a keep-alive connection idle for `idle` (as uvicorn does after
+    /// its 5 s `timeout_keep_alive`).
+    pub async fn start_with_idle_close(name: &str, idle: Option<Duration>) -> FakeEngine {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let state = Arc::new(EngineState {
@@ -69,14 +77,19 @@ impl FakeEngine {
                     return;
                 };
                 let st = st.clone();
+                st.connections.fetch_add(1, Relaxed);
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| {
                         let st = st.clone();
                         async move { Ok::<_, Infallible>(serve(st, req).await) }
                     });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
+                    let mut b = hyper::server::conn::http1::Builder::new();
+                    if let Some(d) = idle {
+                        // The head-read timer also runs while a kept-alive connection waits.
+                        b.timer(hyper_util::rt::TokioTimer::new())
+                            .header_read_timeout(d);
+                    }
+                    let _ = b.serve_connection(TokioIo::new(stream), svc).await;
                 });
             }
         });
@@ -119,6 +132,7 @@ async fn serve(st: Arc<EngineState>, req: Request<Incoming>) -> Response<Body> {
             &st.name,
         );
     }
+    let close = req.headers().contains_key("x-fake-close");
     let delay = header_u64(&req, "x-fake-delay-ms").unwrap_or(0);
     let gap = header_u64(&req, "x-fake-gap-ms").unwrap_or(0);
     let chunks = header_u64(&req, "x-fake-chunks").unwrap_or(3);
@@ -181,7 +195,7 @@ async fn serve(st: Arc<EngineState>, req: Request<Incoming>) -> Response<Body> {
     let content = format!("reply from {} dp {:?}", st.name, dp);
     if !stream {
         st.completed.fetch_add(1, Relaxed);
-        return json(
+        let mut r = json(
             StatusCode::OK,
             serde_json::json!({
                 "id": "cmpl-1", "object": "chat.completion", "model": body.get("model"),
@@ -191,6 +205,11 @@ async fn serve(st: Arc<EngineState>, req: Request<Incoming>) -> Response<Body> {
             }),
             &st.name,
         );
+        if close {
+            r.headers_mut()
+                .insert("connection", http::HeaderValue::from_static("close"));
+        }
+        return r;
     }
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(4);
     let st2 = st.clone();

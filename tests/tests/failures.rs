@@ -112,3 +112,71 @@ async fn health_probes_bring_upstream_back() {
     assert_eq!(h.status, 200);
     assert_eq!(h.json()["status"], "ok");
 }
+
+/// Upstream connections are pooled: sequential requests share one; a connection the
+/// engine closed while idle (its keep-alive timeout) or after a `Connection: close` reply
+/// is never reused and never fails a request; and every relayed response's usage is
+/// counted, whole-body replies included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_connections_are_reused_and_closed_ones_never_fail() {
+    let engine = router_tests::engine::FakeEngine::start_with_idle_close(
+        "e0",
+        Some(Duration::from_millis(300)),
+    )
+    .await;
+    let addr = free_addr();
+    let dir = TempDir::new("pool");
+    let toml = format!(
+        "listen = \"{addr}\"\nworkers = 1\n[health]\ninterval_ms = 60000\n[[upstreams]]\nurl = \"{}\"\n",
+        engine.url()
+    );
+    let _r = start_router(&dir, &toml, &[], addr).await;
+    let url = format!("http://{addr}/v1/chat/completions");
+    let conns = || engine.state.connections.load(Relaxed);
+    let before = conns();
+    for i in 0..30 {
+        let r = post(&url, &Conversation::new(i, 2000).body("m", i % 2 == 0), &[]).await;
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    }
+    // One for the requests, at most one more for the start-up health probe's own client.
+    let used = conns() - before;
+    assert!(
+        used <= 2,
+        "30 sequential requests opened {used} connections"
+    );
+
+    // The engine drops the idle connection; the next requests open a new one.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let before = conns();
+    for i in 0..3 {
+        let r = post(&url, &Conversation::new(50 + i, 2000).body("m", false), &[]).await;
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    }
+    assert!(conns() > before, "no new connection after the idle close");
+
+    let before = conns();
+    for i in 0..10 {
+        let r = post(
+            &url,
+            &Conversation::new(60 + i, 2000).body("m", false),
+            &[("x-fake-close", "1")],
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    }
+    assert!(
+        conns() - before >= 9,
+        "connections closed by the engine were reused"
+    );
+
+    let m = send("GET", &format!("http://{addr}/metrics"), "", &[]).await;
+    let t = String::from_utf8_lossy(&m.body);
+    assert!(
+        t.lines().any(|l| l == "router_usage_responses_total 43"),
+        "usage not counted for every response:\n{t}"
+    );
+    assert!(
+        !t.contains("router_upstream_attempt_failures_total{kind=\"reset\"} 1"),
+        "{t}"
+    );
+}

@@ -447,6 +447,33 @@ fn stops(block: &[u8; BLOCK]) -> (u32, u8) {
     (mask, or)
 }
 
+/// Bytes per window of the plain-text fast path.
+const WINDOW: usize = 128;
+
+/// Skips whole windows of `src` from `i` that hold no stop byte, ORing their bytes into
+/// `seen`; returns where the first window with a stop (or the last partial one) starts.
+/// One reduction per window instead of one per block: plain prose runs several times
+/// faster, and the caller only tries it after stop-free blocks, so escape-dense text
+/// (code) does not pay for windows that fail.
+#[inline]
+fn plain_windows(src: &[u8], mut i: usize, seen: &mut u8) -> usize {
+    while let Some(w) = src.get(i..i + WINDOW) {
+        let w: &[u8; WINDOW] = w.try_into().unwrap_or(&[b'"'; WINDOW]);
+        let mut any = 0u8;
+        let mut or = 0u8;
+        for &x in w {
+            any |= u8::from(x == b'"') | u8::from(x == b'\\') | u8::from(x < 0x20);
+            or |= x;
+        }
+        if any != 0 {
+            break;
+        }
+        *seen |= or;
+        i += WINDOW;
+    }
+    i
+}
+
 struct Parser<'a> {
     src: &'a [u8],
     pos: usize,
@@ -569,7 +596,13 @@ impl Parser<'_> {
         let mut i = body;
         let mut flags = 0u8;
         let mut seen = 0u8;
+        // Stop-free blocks in a row: two of them suggest prose, worth a window at a time.
+        let mut quiet = 0u32;
         let end = 'scan: loop {
+            if quiet >= 2 {
+                i = plain_windows(src, i, &mut seen);
+                quiet = 0;
+            }
             let (mut mask, or) = match src.get(i..i + BLOCK) {
                 Some(b) => stops(b.try_into().unwrap_or(&[0; BLOCK])),
                 None => {
@@ -589,6 +622,7 @@ impl Parser<'_> {
                 }
             };
             seen |= or;
+            quiet = if mask == 0 { quiet + 1 } else { 0 };
             while mask != 0 {
                 let p = i + mask.trailing_zeros() as usize;
                 match src[p] {

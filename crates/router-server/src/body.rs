@@ -3,6 +3,7 @@
 
 use crate::metrics::Metrics;
 use crate::topology::RankState;
+use crate::upstream::Lease;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
@@ -66,20 +67,36 @@ impl Drop for LoadGuard {
     }
 }
 
-/// Pulls `prompt_tokens` and `cached_tokens` out of OpenAI, Responses and Anthropic usage
-/// objects.
-pub fn usage_of(v: &serde_json::Value) -> Option<(u64, u64)> {
-    let u = v.get("usage").filter(|u| u.is_object())?;
-    let prompt = u
-        .get("prompt_tokens")
-        .or_else(|| u.get("input_tokens"))
-        .and_then(serde_json::Value::as_u64)?;
+/// The usage object of OpenAI, Responses and Anthropic responses. Only these fields are
+/// read; serde skips the rest of the document without building it.
+#[derive(serde::Deserialize)]
+struct UsageDoc {
+    usage: Option<UsageFields>,
+}
+
+#[derive(serde::Deserialize)]
+struct UsageFields {
+    prompt_tokens: Option<u64>,
+    input_tokens: Option<u64>,
+    prompt_tokens_details: Option<Details>,
+    input_tokens_details: Option<Details>,
+    cache_read_input_tokens: Option<u64>,
+}
+
+#[derive(serde::Deserialize)]
+struct Details {
+    cached_tokens: Option<u64>,
+}
+
+/// Pulls `prompt_tokens` and `cached_tokens` out of a whole response or one SSE event.
+pub fn usage_of(json: &[u8]) -> Option<(u64, u64)> {
+    let u = serde_json::from_slice::<UsageDoc>(json).ok()?.usage?;
+    let prompt = u.prompt_tokens.or(u.input_tokens)?;
     let cached = u
-        .get("prompt_tokens_details")
-        .or_else(|| u.get("input_tokens_details"))
-        .and_then(|d| d.get("cached_tokens"))
-        .or_else(|| u.get("cache_read_input_tokens"))
-        .and_then(serde_json::Value::as_u64)
+        .prompt_tokens_details
+        .and_then(|d| d.cached_tokens)
+        .or_else(|| u.input_tokens_details.and_then(|d| d.cached_tokens))
+        .or(u.cache_read_input_tokens)
         .unwrap_or(0);
     Some((prompt, cached))
 }
@@ -111,10 +128,8 @@ impl UsageScanner {
             let line = &self.buf[..nl];
             if let Some(data) = line.strip_prefix(b"data:") {
                 if contains(data, b"\"usage\"") {
-                    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(trim(data)) {
-                        if let Some(u) = usage_of(&v) {
-                            self.found = Some(u);
-                        }
+                    if let Some(u) = usage_of(trim(data)) {
+                        self.found = Some(u);
                     }
                 }
             }
@@ -124,9 +139,7 @@ impl UsageScanner {
 
     fn finish(&mut self) -> Option<(u64, u64)> {
         if !self.sse && !self.buf.is_empty() {
-            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&self.buf) {
-                self.found = usage_of(&v);
-            }
+            self.found = usage_of(&self.buf);
         }
         self.found
     }
@@ -157,8 +170,13 @@ enum State {
 /// body, which closes the upstream connection and so cancels the request there.
 pub struct RelayBody {
     inner: hyper::body::Incoming,
+    /// The upstream connection, back to its pool once the body ends cleanly.
+    lease: Option<Lease>,
     idle: Duration,
-    sleep: Pin<Box<Sleep>>,
+    /// Armed on the first wait; re-armed on a wait that follows data.
+    sleep: Option<Pin<Box<Sleep>>>,
+    /// Data arrived since the timer was armed.
+    active: bool,
     state: State,
     guard: Option<LoadGuard>,
     scan: UsageScanner,
@@ -166,24 +184,26 @@ pub struct RelayBody {
     started: Instant,
     first_seen: bool,
     sse: bool,
-    upstream: Arc<str>,
 }
 
 impl RelayBody {
     /// Wraps `inner`; `guard` is released when the body ends.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         inner: hyper::body::Incoming,
+        lease: Lease,
         sse: bool,
         idle: Duration,
         guard: LoadGuard,
         metrics: Arc<Metrics>,
         started: Instant,
-        upstream: Arc<str>,
     ) -> Self {
         RelayBody {
             inner,
+            lease: Some(lease),
             idle,
-            sleep: Box::pin(tokio::time::sleep(idle)),
+            sleep: None,
+            active: false,
             state: State::Streaming,
             guard: Some(guard),
             scan: UsageScanner {
@@ -194,13 +214,17 @@ impl RelayBody {
             started,
             first_seen: false,
             sse,
-            upstream,
         }
     }
 
     fn end(&mut self, ok: bool) {
         self.state = State::Done;
         self.guard = None;
+        if let Some(l) = self.lease.take() {
+            if ok {
+                l.release();
+            }
+        }
         self.metrics.observe_duration(self.started.elapsed());
         if ok {
             if let Some((p, c)) = self.scan.finish() {
@@ -217,7 +241,8 @@ impl RelayBody {
         message: String,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         self.metrics.stream_error(code);
-        tracing::warn!(upstream = %self.upstream, code, %message, "upstream stream failed after first byte");
+        let upstream = self.guard.as_ref().map(|g| g.rank.upstream.url.clone());
+        tracing::warn!(upstream = upstream.as_deref().unwrap_or("?"), code, %message, "upstream stream failed after first byte");
         self.end(false);
         if self.sse {
             let err = serde_json::json!({"error": {"message": message, "type": "upstream_error", "code": code, "param": null}});
@@ -253,8 +278,14 @@ impl Body for RelayBody {
                     }
                     this.scan.feed(d);
                 }
-                let deadline = tokio::time::Instant::now() + this.idle;
-                this.sleep.as_mut().reset(deadline);
+                if this.inner.is_end_stream() {
+                    // A body of known length ends with its last byte: hyper's server stops
+                    // polling once it has written that many, so finish (and hand the
+                    // connection back) now rather than waiting for a poll that never comes.
+                    this.end(true);
+                } else {
+                    this.active = true;
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => this.fail(
@@ -265,16 +296,30 @@ impl Body for RelayBody {
                 this.end(true);
                 Poll::Ready(None)
             }
-            Poll::Pending => match this.sleep.as_mut().poll(cx) {
-                Poll::Ready(()) => {
-                    let idle = this.idle;
-                    this.fail(
-                        "upstream_idle_timeout",
-                        format!("upstream sent nothing for {} ms", idle.as_millis()),
-                    )
+            Poll::Pending => {
+                // The idle clock starts when the upstream goes quiet: a response that is
+                // already complete never touches the timer.
+                let sleep = match &mut this.sleep {
+                    Some(s) => {
+                        if this.active {
+                            s.as_mut().reset(tokio::time::Instant::now() + this.idle);
+                        }
+                        s
+                    }
+                    None => this.sleep.insert(Box::pin(tokio::time::sleep(this.idle))),
+                };
+                this.active = false;
+                match sleep.as_mut().poll(cx) {
+                    Poll::Ready(()) => {
+                        let idle = this.idle;
+                        this.fail(
+                            "upstream_idle_timeout",
+                            format!("upstream sent nothing for {} ms", idle.as_millis()),
+                        )
+                    }
+                    Poll::Pending => Poll::Pending,
                 }
-                Poll::Pending => Poll::Pending,
-            },
+            }
         }
     }
 

@@ -8,7 +8,7 @@ use crate::config::{ClusterConfig, Config};
 use crate::metrics::{Histogram, Metrics};
 use crate::state::{ChangeFuture, Changed, RoutingState, StatusFuture};
 use crate::topology::Topology;
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, Guard};
 use router_cluster::node::{ClusterNode, NodeConfig};
 use router_cluster::store::{OnApply, SmState};
 use router_cluster::tls::PeerTls;
@@ -462,12 +462,12 @@ fn sample(o: &mut String, name: &str, help: &str, kind: &str, v: impl std::fmt::
 }
 
 impl RoutingState for ClusterState {
-    fn view(&self) -> Arc<IndexView> {
-        self.published.view.load_full()
+    fn view(&self) -> Guard<Arc<IndexView>> {
+        self.published.view.load()
     }
 
-    fn topology(&self) -> Arc<Topology> {
-        self.published.topology.load_full()
+    fn topology(&self) -> Guard<Arc<Topology>> {
+        self.published.topology.load()
     }
 
     fn record(&self, rec: Route) {

@@ -11,6 +11,7 @@ pub mod proxy;
 pub mod server;
 pub mod state;
 pub mod topology;
+pub mod upstream;
 
 use bytes::Bytes;
 use config::Config;
@@ -43,6 +44,15 @@ pub fn upstream_client(cfg: &Config) -> UpstreamClient {
         .pool_max_idle_per_host(1024)
         .http1_writev(true)
         .build(conn)
+}
+
+/// The data plane's upstream pool settings from config.
+pub fn pool_config(cfg: &Config) -> upstream::PoolConfig {
+    upstream::PoolConfig {
+        connect_timeout: Duration::from_millis(cfg.timeouts.connect_ms),
+        max_idle_per_upstream: 1024,
+        idle_timeout: Duration::from_secs(90),
+    }
 }
 
 /// Binds every listener, starts the state and health tasks and serves until `shutdown`.
@@ -87,10 +97,12 @@ pub async fn run(cfg: Config, shutdown: watch::Receiver<bool>) -> anyhow::Result
         cfg: cfg.clone(),
         state,
         client,
+        pool: upstream::Pool::new(pool_config(&cfg)),
         metrics,
         health,
         tie: Arc::new(AtomicU64::new(0)),
     });
+    tokio::spawn(upstream::Pool::sweeper(Arc::downgrade(&ctx.pool)));
     tracing::info!(
         listen = %cfg.listen,
         tls = cfg.tls.is_some(),

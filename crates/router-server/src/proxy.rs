@@ -7,7 +7,9 @@ use crate::error::ApiError;
 use crate::health::HealthReporter;
 use crate::metrics::{Metrics, Route, UpstreamSample};
 use crate::state::RoutingState;
-use crate::topology::RankState;
+use crate::topology::{RankState, Upstream};
+use crate::upstream::Lease;
+use crate::upstream::Pool;
 use crate::UpstreamClient;
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
@@ -28,8 +30,10 @@ pub struct Ctx {
     pub cfg: Arc<Config>,
     /// Routing state.
     pub state: Arc<dyn RoutingState>,
-    /// Pooled upstream client.
+    /// Pooled upstream client (health probes, `/v1/models`).
     pub client: UpstreamClient,
+    /// This thread's upstream connections for proxied requests.
+    pub pool: Arc<Pool>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Passive health reports.
@@ -40,12 +44,14 @@ pub struct Ctx {
 
 impl Ctx {
     /// The same context with its own upstream connection pool, for one data-plane thread
-    /// (a pool's connections are driven by the runtime that opened them).
+    /// (a pool's connections are driven by the runtime that opened them; the shared client
+    /// serves only the main runtime's probes and `/v1/models`).
     pub fn for_worker(&self) -> Ctx {
         Ctx {
             cfg: self.cfg.clone(),
             state: self.state.clone(),
-            client: crate::upstream_client(&self.cfg),
+            client: self.client.clone(),
+            pool: Pool::new(crate::pool_config(&self.cfg)),
             metrics: self.metrics.clone(),
             health: self.health.clone(),
             tie: self.tie.clone(),
@@ -250,28 +256,31 @@ async fn inference(
     })?;
     let fps = print.fingerprints;
     let session = session_of(&parts.headers, print.session_id.as_deref());
-    let topo = ctx.state.topology();
-    let eligible: Vec<&Arc<RankState>> = topo.ranks.iter().filter(|r| r.eligible()).collect();
-    if eligible.is_empty() {
-        return Err(ApiError::no_upstream());
-    }
-    let cands: Vec<Candidate> = eligible.iter().map(|r| r.candidate()).collect();
-    let view = ctx.state.view();
-    // The rotation advances only on decisions that were ties in practice (cold prompts,
-    // round robin), so a fixed number of warm turns per conversation cannot alias it.
-    let tie = ctx.tie.load(Relaxed).wrapping_add(ctx.cfg.seed);
-    let d = select(
-        ctx.cfg.policy,
-        &ctx.cfg.score,
-        &RouteInput {
-            fps: &fps,
-            session,
-            tie,
-        },
-        &view,
-        &cands,
-    );
-    drop(view);
+    // Snapshots are read and released before any await: their guards are per-thread slots.
+    let (d, order) = {
+        let topo = ctx.state.topology();
+        let eligible: Vec<&Arc<RankState>> = topo.ranks.iter().filter(|r| r.eligible()).collect();
+        if eligible.is_empty() {
+            return Err(ApiError::no_upstream());
+        }
+        let cands: Vec<Candidate> = eligible.iter().map(|r| r.candidate()).collect();
+        // The rotation advances only on decisions that were ties in practice (cold prompts,
+        // round robin), so a fixed number of warm turns per conversation cannot alias it.
+        let tie = ctx.tie.load(Relaxed).wrapping_add(ctx.cfg.seed);
+        let d = select(
+            ctx.cfg.policy,
+            &ctx.cfg.score,
+            &RouteInput {
+                fps: &fps,
+                session,
+                tie,
+            },
+            &ctx.state.view(),
+            &cands,
+        );
+        let order: Vec<Arc<RankState>> = d.order.iter().map(|i| eligible[*i].clone()).collect();
+        (d, order)
+    };
     if matches!(
         d.reason,
         Reason::Cold | Reason::RoundRobin | Reason::Fallback | Reason::Load
@@ -284,39 +293,48 @@ async fn inference(
         bytes = body.len(),
         "routed"
     );
-    let order: Vec<Arc<RankState>> = d.order.iter().map(|i| eligible[*i].clone()).collect();
+    let total = fps.total_tokens;
     let mut first = true;
-    send_with_retries(ctx, &parts, &body, &order, started, |rank| {
-        let cached = if first { d.predicted_cached_tokens } else { 0 };
-        let reason = if first { d.reason } else { Reason::Fallback };
-        first = false;
-        Plan {
-            prefill: fps.total_tokens.saturating_sub(cached),
-            reason,
-            predicted_cached: cached,
-            record: Some((&fps, session, rank.id)),
-            dp_rank: rank.dp_rank,
-        }
-    })
+    send_with_retries(
+        ctx,
+        &parts,
+        &body,
+        &order,
+        started,
+        Some((fps, session)),
+        |rank| {
+            let cached = if first { d.predicted_cached_tokens } else { 0 };
+            let reason = if first { d.reason } else { Reason::Fallback };
+            first = false;
+            Plan {
+                prefill: total.saturating_sub(cached),
+                reason,
+                predicted_cached: cached,
+                dp_rank: rank.dp_rank,
+            }
+        },
+    )
     .await
 }
 
 /// What to do with one attempt.
-struct Plan<'a> {
+struct Plan {
     prefill: u64,
     reason: Reason,
     predicted_cached: u64,
-    record: Option<(&'a Fingerprints, Option<u64>, u32)>,
     dp_rank: Option<u32>,
 }
 
-async fn send_with_retries<'a>(
+/// Sends to the ranks of `order` in turn until one answers. `record`: the prompt's
+/// fingerprints and session, remembered for the rank that answers with a success.
+async fn send_with_retries(
     ctx: &Arc<Ctx>,
     parts: &http::request::Parts,
     body: &Bytes,
     order: &[Arc<RankState>],
     started: Instant,
-    mut plan: impl FnMut(&RankState) -> Plan<'a>,
+    mut record: Option<(Fingerprints, Option<u64>)>,
+    mut plan: impl FnMut(&RankState) -> Plan,
 ) -> Result<Response<RespBody>, ApiError> {
     let cfg = &ctx.cfg;
     let attempts = order.len().min(cfg.max_attempts as usize);
@@ -328,16 +346,16 @@ async fn send_with_retries<'a>(
             Some(dp) => with_dp_rank(body, dp),
             None => body.clone(),
         };
-        let req = upstream_request(cfg, parts, up.authority.as_str(), &up.base, body)?;
+        let req = upstream_request(cfg, parts, up, body)?;
         let guard = LoadGuard::new(rank.clone(), p.prefill);
         rank.requests.fetch_add(1, Relaxed);
         let more = i + 1 < attempts;
         let res = tokio::time::timeout(
             Duration::from_millis(cfg.timeouts.first_byte_ms),
-            ctx.client.request(req),
+            ctx.pool.send(&up.authority, req),
         )
         .await;
-        let resp = match res {
+        let (resp, lease) = match res {
             Err(_) => {
                 ctx.metrics.attempt_failed("timeout", false);
                 ctx.health.report(up, false);
@@ -347,7 +365,7 @@ async fn send_with_retries<'a>(
                 )));
             }
             Ok(Err(e)) => {
-                let kind = if e.is_connect() { "connect" } else { "reset" };
+                let kind = e.kind();
                 ctx.metrics.attempt_failed(kind, more);
                 ctx.health.report(up, false);
                 last_err = format!("{}: {kind} error: {e}", up.url);
@@ -366,18 +384,18 @@ async fn send_with_retries<'a>(
         }
         ctx.health.report(up, true);
         if status.is_success() {
-            if let Some((fps, session, rank_id)) = p.record {
+            if let Some((fps, session)) = record.take() {
                 ctx.metrics
                     .decision(p.reason, p.predicted_cached, fps.total_tokens);
                 ctx.state.record(router_core::Route {
-                    rank: rank_id,
-                    hashes: fps.hashes.clone(),
-                    chunk_tokens: fps.chunk_tokens.clone(),
+                    rank: rank.id,
+                    hashes: fps.hashes,
+                    chunk_tokens: fps.chunk_tokens,
                     session,
                 });
             }
         }
-        return Ok(relay(ctx, resp, guard, started, rank, p.reason));
+        return Ok(relay(ctx, resp, lease, guard, started, rank, p.reason));
     }
     Err(ApiError::upstream_failed(format!(
         "all {attempts} upstream attempts failed; last: {last_err}"
@@ -387,12 +405,17 @@ async fn send_with_retries<'a>(
 fn upstream_request(
     cfg: &Config,
     parts: &http::request::Parts,
-    authority: &str,
-    base: &str,
+    up: &Upstream,
     body: Bytes,
 ) -> Result<Request<Full<Bytes>>, ApiError> {
-    let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let uri = format!("http://{authority}{base}{pq}");
+    let uri = match (up.base.is_empty(), parts.uri.path_and_query()) {
+        (true, Some(pq)) => http::Uri::from(pq.clone()),
+        (_, pq) => format!("{}{}", up.base, pq.map_or("/", |p| p.as_str()))
+            .parse()
+            .map_err(|e| {
+                ApiError::bad_request("invalid_request", format!("cannot forward request: {e}"))
+            })?,
+    };
     let mut b = Request::builder().method(parts.method.clone()).uri(uri);
     let h = b
         .headers_mut()
@@ -410,6 +433,7 @@ fn upstream_request(
         }
         h.append(k.clone(), v.clone());
     }
+    h.insert(header::HOST, up.host.clone());
     if let Some(t) = &cfg.upstream_token {
         if let Ok(v) = HeaderValue::from_str(&format!("Bearer {t}")) {
             h.insert(header::AUTHORIZATION, v);
@@ -423,6 +447,7 @@ fn upstream_request(
 fn relay(
     ctx: &Arc<Ctx>,
     resp: Response<Incoming>,
+    lease: Lease,
     guard: LoadGuard,
     started: Instant,
     rank: &RankState,
@@ -447,23 +472,23 @@ fn relay(
         // The relay may append an error event: the upstream's length would then be wrong.
         parts.headers.remove(header::CONTENT_LENGTH);
     }
-    if let Ok(v) = HeaderValue::from_str(&rank.upstream.url) {
-        parts.headers.insert("x-router-upstream", v);
-    }
-    if let Ok(v) = HeaderValue::from_str(&rank.label()) {
-        parts.headers.insert("x-router-rank", v);
-    }
+    parts
+        .headers
+        .insert("x-router-upstream", rank.upstream.url_header.clone());
+    parts
+        .headers
+        .insert("x-router-rank", rank.label_header.clone());
     parts
         .headers
         .insert("x-router-reason", HeaderValue::from_static(reason.label()));
     let relay = RelayBody::new(
         body,
+        lease,
         sse,
         Duration::from_millis(ctx.cfg.timeouts.idle_stream_ms),
         guard,
         ctx.metrics.clone(),
         started,
-        rank.upstream.url.clone(),
     );
     Response::from_parts(parts, http_body_util::BodyExt::boxed_unsync(relay))
 }
@@ -629,11 +654,10 @@ async fn passthrough(
     }
     ups.sort_by_key(|(load, r)| (*load, r.id));
     let order: Vec<Arc<RankState>> = ups.into_iter().map(|(_, r)| r).collect();
-    send_with_retries(ctx, &parts, &body, &order, started, |_| Plan {
+    send_with_retries(ctx, &parts, &body, &order, started, None, |_| Plan {
         prefill: 0,
         reason: Reason::Load,
         predicted_cached: 0,
-        record: None,
         dp_rank: None,
     })
     .await

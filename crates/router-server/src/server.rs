@@ -3,6 +3,7 @@
 
 use crate::body::RespBody;
 use crate::proxy::{handle, Ctx};
+use crate::upstream::Pool;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -119,6 +120,7 @@ fn start_workers(n: usize, ctx: &Arc<Ctx>, tls: &Option<TlsAcceptor>) -> std::io
             .name(format!("router-worker-{i}"))
             .spawn(move || {
                 rt.block_on(async move {
+                    tokio::spawn(Pool::sweeper(Arc::downgrade(&ctx.pool)));
                     let builder = conn_builder(&ctx);
                     let graceful = GracefulShutdown::new();
                     while let Some((stream, peer, permit)) = rx.recv().await {

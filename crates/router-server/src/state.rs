@@ -9,7 +9,7 @@
 
 use crate::metrics::Metrics;
 use crate::topology::Topology;
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, Guard};
 use router_core::{Command, IndexStats, IndexView, Machine, Outcome, Route};
 use std::future::Future;
 use std::pin::Pin;
@@ -33,10 +33,11 @@ pub struct Changed {
 
 /// What the data plane needs from the routing state.
 pub trait RoutingState: Send + Sync + 'static {
-    /// The current index snapshot (lock-free).
-    fn view(&self) -> Arc<IndexView>;
+    /// The current index snapshot (lock-free; the guard is cheapest when not held across
+    /// an await).
+    fn view(&self) -> Guard<Arc<IndexView>>;
     /// The current topology snapshot (lock-free).
-    fn topology(&self) -> Arc<Topology>;
+    fn topology(&self) -> Guard<Arc<Topology>>;
     /// Remembers a decision; never blocks (a full queue drops and counts).
     fn record(&self, rec: Route);
     /// Index counters for metrics.
@@ -158,12 +159,12 @@ async fn writer(
 }
 
 impl RoutingState for LocalState {
-    fn view(&self) -> Arc<IndexView> {
-        self.view.load_full()
+    fn view(&self) -> Guard<Arc<IndexView>> {
+        self.view.load()
     }
 
-    fn topology(&self) -> Arc<Topology> {
-        self.topology.load_full()
+    fn topology(&self) -> Guard<Arc<Topology>> {
+        self.topology.load()
     }
 
     fn record(&self, rec: Route) {

@@ -2,6 +2,7 @@
 //! without locks; live counters are atomics shared across snapshots.
 
 use crate::config::{parse_upstream_url, UpstreamConfig};
+use http::HeaderValue;
 use router_core::{Candidate, RankId};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -13,9 +14,13 @@ pub struct Upstream {
     /// Base URL as configured.
     pub url: Arc<str>,
     /// `host:port`.
-    pub authority: String,
+    pub authority: Arc<str>,
     /// Path prefix (usually empty).
     pub base: String,
+    /// `Host` header sent upstream (the authority).
+    pub host: HeaderValue,
+    /// `x-router-upstream` response header (the URL), made once rather than per response.
+    pub url_header: HeaderValue,
     /// Healthy, as decided by the health task.
     pub up: AtomicBool,
     /// Accepting new conversations (false while draining).
@@ -23,6 +28,24 @@ pub struct Upstream {
     /// Set while the health machine has a failure streak or the upstream is down: only
     /// then are successes worth reporting (saves a cross-thread wakeup per request).
     pub suspect: AtomicBool,
+}
+
+impl Upstream {
+    /// A new, healthy, accepting upstream at `url` (already validated by the config).
+    pub fn new(url: &str) -> Upstream {
+        let url = url.trim_end_matches('/');
+        let (authority, base) = parse_upstream_url(url).unwrap_or_default();
+        Upstream {
+            host: HeaderValue::from_str(&authority).unwrap_or(HeaderValue::from_static("")),
+            url_header: HeaderValue::from_str(url).unwrap_or(HeaderValue::from_static("")),
+            url: Arc::from(url),
+            authority: Arc::from(authority),
+            base,
+            up: AtomicBool::new(true),
+            accepting: AtomicBool::new(true),
+            suspect: AtomicBool::new(false),
+        }
+    }
 }
 
 /// One KV cache: an upstream, or one data-parallel rank of it.
@@ -52,9 +75,39 @@ pub struct RankState {
     pub inflight: AtomicU64,
     /// Requests sent here.
     pub requests: AtomicU64,
+    /// `x-router-rank` response header ([`RankState::label`]).
+    pub label_header: HeaderValue,
 }
 
 impl RankState {
+    /// A rank with no load yet.
+    pub fn new(
+        id: RankId,
+        upstream: Arc<Upstream>,
+        dp_rank: Option<u32>,
+        weight: f64,
+        capacity_tokens: u64,
+    ) -> RankState {
+        let d = dp_rank.unwrap_or(0);
+        let mut r = RankState {
+            id,
+            key: xxh3_64(format!("{}#{d}", upstream.url).as_bytes()),
+            upstream,
+            dp_rank,
+            weight_bits: AtomicU64::new(weight.to_bits()),
+            capacity_tokens: AtomicU64::new(capacity_tokens),
+            queued_prefill: AtomicU64::new(0),
+            decodes: AtomicU64::new(0),
+            remote_prefill: AtomicU64::new(0),
+            remote_decodes: AtomicU64::new(0),
+            inflight: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            label_header: HeaderValue::from_static(""),
+        };
+        r.label_header = HeaderValue::from_str(&r.label()).unwrap_or(HeaderValue::from_static(""));
+        r
+    }
+
     /// Label used in the response header and logs: `url` or `url#dp`.
     pub fn label(&self) -> String {
         match self.dp_rank {
@@ -109,33 +162,17 @@ impl Topology {
     pub fn from_config(ups: &[UpstreamConfig], default_capacity: u64) -> Topology {
         let mut t = Topology::default();
         for u in ups {
-            let (authority, base) = parse_upstream_url(&u.url).unwrap_or_default();
-            let up = Arc::new(Upstream {
-                url: Arc::from(u.url.trim_end_matches('/')),
-                authority,
-                base,
-                up: AtomicBool::new(true),
-                accepting: AtomicBool::new(true),
-                suspect: AtomicBool::new(false),
-            });
+            let up = Arc::new(Upstream::new(&u.url));
             for d in 0..u.ranks {
                 let id = t.ranks.len() as RankId;
                 let dp_rank = (u.ranks > 1).then_some(d);
-                let key = xxh3_64(format!("{}#{d}", up.url).as_bytes());
-                t.ranks.push(Arc::new(RankState {
+                t.ranks.push(Arc::new(RankState::new(
                     id,
-                    upstream: up.clone(),
+                    up.clone(),
                     dp_rank,
-                    key,
-                    weight_bits: AtomicU64::new(u.weight.to_bits()),
-                    capacity_tokens: AtomicU64::new(u.capacity_tokens.unwrap_or(default_capacity)),
-                    queued_prefill: AtomicU64::new(0),
-                    decodes: AtomicU64::new(0),
-                    remote_prefill: AtomicU64::new(0),
-                    remote_decodes: AtomicU64::new(0),
-                    inflight: AtomicU64::new(0),
-                    requests: AtomicU64::new(0),
-                }));
+                    u.weight,
+                    u.capacity_tokens.unwrap_or(default_capacity),
+                )));
             }
             t.upstreams.push(up);
         }
@@ -150,20 +187,13 @@ impl Topology {
     ) -> Topology {
         let mut t = Topology::default();
         for s in servers.values() {
-            let old_up = prev.upstreams.iter().find(|u| &*u.url == s.url.as_str());
+            let old_up = prev
+                .upstreams
+                .iter()
+                .find(|u| &*u.url == s.url.trim_end_matches('/'));
             let up = match old_up {
                 Some(u) => u.clone(),
-                None => {
-                    let (authority, base) = parse_upstream_url(&s.url).unwrap_or_default();
-                    Arc::new(Upstream {
-                        url: Arc::from(s.url.as_str()),
-                        authority,
-                        base,
-                        up: AtomicBool::new(true),
-                        accepting: AtomicBool::new(true),
-                        suspect: AtomicBool::new(false),
-                    })
-                }
+                None => Arc::new(Upstream::new(&s.url)),
             };
             up.accepting
                 .store(!s.draining, std::sync::atomic::Ordering::Relaxed);
@@ -180,20 +210,13 @@ impl Topology {
                     t.ranks.push(r.clone());
                     continue;
                 }
-                t.ranks.push(Arc::new(RankState {
-                    id: *id,
-                    upstream: up.clone(),
-                    dp_rank: (n > 1).then_some(d as u32),
-                    key: xxh3_64(format!("{}#{d}", up.url).as_bytes()),
-                    weight_bits: AtomicU64::new(s.weight.to_bits()),
-                    capacity_tokens: AtomicU64::new(s.capacity_tokens),
-                    queued_prefill: AtomicU64::new(0),
-                    decodes: AtomicU64::new(0),
-                    remote_prefill: AtomicU64::new(0),
-                    remote_decodes: AtomicU64::new(0),
-                    inflight: AtomicU64::new(0),
-                    requests: AtomicU64::new(0),
-                }));
+                t.ranks.push(Arc::new(RankState::new(
+                    *id,
+                    up.clone(),
+                    (n > 1).then_some(d as u32),
+                    s.weight,
+                    s.capacity_tokens,
+                )));
             }
             t.upstreams.push(up);
         }

@@ -56,6 +56,18 @@ pub fn agent_body(bytes: usize, salt: u64) -> Vec<u8> {
         .unwrap_or_default()
 }
 
+/// A prose chat body (system and user text without escapes), as `routerbench proxy` sends.
+pub fn prose_body(bytes: usize, salt: u64) -> Vec<u8> {
+    let mut rng = crate::rng::Rng::new(salt);
+    let sys = crate::rng::text(&mut rng, bytes / 8);
+    let user = crate::rng::text(&mut rng, bytes / 8);
+    serde_json::to_vec(&serde_json::json!({"model":"m","messages":[{"role":"system","content":sys},{"role":"user","content":user}],"max_tokens":1}))
+        .unwrap_or_default()
+}
+
+/// Makes a body of about `bytes` from a seed.
+type BodyFn = fn(usize, u64) -> Vec<u8>;
+
 /// Mean nanoseconds per call of `f` over about `secs`.
 fn time(secs: f64, mut f: impl FnMut()) -> f64 {
     for _ in 0..10 {
@@ -77,11 +89,15 @@ pub fn run(a: CanonArgs) -> anyhow::Result<serde_json::Value> {
     let fp = FingerprintConfig::default();
     let mut rows = Vec::new();
     println!(
-        "{:>8} {:>9} {:>9} {:>9} {:>9} {:>12} {:>11}",
-        "bytes", "copy us", "serde us", "canon us", "fp us", "canon+fp us", "path/serde"
+        "{:<6} {:>8} {:>9} {:>9} {:>9} {:>9} {:>12} {:>11}",
+        "shape", "bytes", "copy us", "serde us", "canon us", "fp us", "canon+fp us", "path/serde"
     );
-    for &size in &a.bytes {
-        let body = agent_body(size, 7);
+    let shapes: [(&str, BodyFn); 2] = [("agent", agent_body), ("prose", prose_body)];
+    for (shape, &size) in shapes
+        .iter()
+        .flat_map(|s| a.bytes.iter().map(move |b| (s, b)))
+    {
+        let body = (shape.1)(size, 7);
         canonicalize_json(Endpoint::Chat, &body)
             .map_err(|e| anyhow::anyhow!("benchmark body does not canonicalize: {e}"))?;
         let copy = time(a.secs, || {
@@ -102,7 +118,8 @@ pub fn run(a: CanonArgs) -> anyhow::Result<serde_json::Value> {
             black_box(fingerprint_json(Endpoint::Chat, black_box(&body), &fp).ok());
         });
         println!(
-            "{:>8} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>12.2} {:>11.2}",
+            "{:<6} {:>8} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>12.2} {:>11.2}",
+            shape.0,
             body.len(),
             copy / 1e3,
             serde / 1e3,
@@ -111,7 +128,7 @@ pub fn run(a: CanonArgs) -> anyhow::Result<serde_json::Value> {
             path / 1e3,
             path / serde
         );
-        rows.push(serde_json::json!({"bytes": body.len(), "copy_us": copy / 1e3, "serde_validate_us": serde / 1e3,
+        rows.push(serde_json::json!({"shape": shape.0, "bytes": body.len(), "copy_us": copy / 1e3, "serde_validate_us": serde / 1e3,
             "canonicalize_us": canon / 1e3, "fingerprint_us": fps / 1e3, "request_path_us": path / 1e3}));
     }
     Ok(serde_json::Value::Array(rows))

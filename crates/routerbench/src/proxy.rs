@@ -39,6 +39,10 @@ pub struct ProxyArgs {
     /// pass-through floor: same proxying, no prompt work).
     #[arg(long, default_value = "/v1/chat/completions")]
     pub path: String,
+    /// Another `router` binary (e.g. a build of the previous commit) measured in the same
+    /// run as a fourth target, `router-b`, to compare two builds under the same noise.
+    #[arg(long)]
+    pub compare_router: Option<std::path::PathBuf>,
     /// Keep the router's and nginx's logs.
     #[arg(long)]
     pub keep_logs: bool,
@@ -156,11 +160,22 @@ pub async fn run(a: ProxyArgs) -> anyhow::Result<serde_json::Value> {
     wait_port(SocketAddr::from(([127, 0, 0, 1], rport)), "router").await?;
     let nport = free_port()?;
     let _nginx = start_nginx(&dir, nport, &[up.to_string()]).await?;
-    let targets = [
+    let mut targets = vec![
         ("direct", format!("http://{up}{}", a.path)),
         ("router", format!("http://127.0.0.1:{rport}{}", a.path)),
         ("nginx", format!("http://127.0.0.1:{nport}{}", a.path)),
     ];
+    let mut _router_b = None;
+    if let Some(bin) = &a.compare_router {
+        let bport = free_port()?;
+        let cfg = dir.join("router-b.toml");
+        std::fs::write(&cfg, format!("listen = \"127.0.0.1:{bport}\"\n[log]\nlevel = \"warn\"\n[health]\ninterval_ms = 60000\n[[upstreams]]\nurl = \"http://{up}\"\n"))?;
+        let mut cmd = Command::new(bin);
+        cmd.arg("--config").arg(&cfg);
+        _router_b = Some(spawn("router-b", cmd, &dir.join("router-b.log"))?);
+        wait_port(SocketAddr::from(([127, 0, 0, 1], bport)), "router-b").await?;
+        targets.push(("router-b", format!("http://127.0.0.1:{bport}{}", a.path)));
+    }
     let client: C = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
 
     // Latency: 150 KB prompts, one at a time, the three targets interleaved.
@@ -170,7 +185,7 @@ pub async fn run(a: ProxyArgs) -> anyhow::Result<serde_json::Value> {
             once(&client, url, b).await?;
         }
     }
-    let mut lat: Vec<Vec<f64>> = vec![Vec::new(); 3];
+    let mut lat: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
     for i in 0..a.latency_requests {
         for (t, (_, url)) in targets.iter().enumerate() {
             let b = &big[i % big.len()];
@@ -220,6 +235,13 @@ pub async fn run(a: ProxyArgs) -> anyhow::Result<serde_json::Value> {
         );
     }
     println!("\nrouter added p50: {:.3} ms (target <= 0.5); router / nginx throughput: {:.2}x (target >= 0.8)", p50[1] - p50[0], rps[1] / rps[2]);
+    if targets.len() > 3 {
+        println!(
+            "router / router-b throughput: {:.3}x; router-b / nginx: {:.2}x",
+            rps[1] / rps[3],
+            rps[3] / rps[2]
+        );
+    }
     let v = serde_json::json!({
         "latency_ms": {"direct": {"p50": p50[0], "p99": p99[0]}, "router": {"p50": p50[1], "p99": p99[1]}, "nginx": {"p50": p50[2], "p99": p99[2]}},
         "router_added_p50_ms": p50[1] - p50[0], "router_added_p99_ms": p99[1] - p99[0],
