@@ -419,32 +419,24 @@ fn push_escaped(ch: char, out: &mut Vec<u8>) {
 /// Bytes per scanned block.
 const BLOCK: usize = 32;
 
-/// A bit per byte of `block` that ends a plain run (`"`, `\\`, control characters), and the
-/// OR of all its bytes (>= 0x80 when any is non-ASCII). The compiler turns the byte loop into
-/// vector compares; the 0/1 bytes are packed eight at a time with one multiply (bit k of
-/// the product's top byte is byte k of the word).
+/// A bit per byte of `block` that ends a plain run (`"`, `\\`, control characters); ORs
+/// the block's bytes into `acc` (reduced once per string: non-ASCII means UTF-8 to check).
+/// The compiler turns the byte loop into vector compares; the 0/1 bytes are packed eight at
+/// a time with one multiply (bit k of the product's top byte is byte k of the word). No
+/// horizontal reduction per block: escape-dense text (code) has a stop in most blocks.
 #[inline]
-fn stops(block: &[u8; BLOCK]) -> (u32, u8) {
-    // Most blocks of a prompt hold no stop at all: a plain reduction settles those.
-    let mut any = 0u8;
-    let mut or = 0u8;
-    for &x in block {
-        any |= u8::from(x == b'"') | u8::from(x == b'\\') | u8::from(x < 0x20);
-        or |= x;
-    }
-    if any == 0 {
-        return (0, or);
-    }
+fn stops(block: &[u8; BLOCK], acc: &mut [u8; BLOCK]) -> u32 {
     let mut flags = [0u8; BLOCK];
-    for (f, &x) in flags.iter_mut().zip(block) {
+    for ((f, a), &x) in flags.iter_mut().zip(acc.iter_mut()).zip(block) {
         *f = u8::from(x == b'"') | u8::from(x == b'\\') | u8::from(x < 0x20);
+        *a |= x;
     }
     let mut mask = 0u32;
     for (w, word) in flags.chunks_exact(8).enumerate() {
         let v = u64::from_le_bytes(word.try_into().unwrap_or_default());
         mask |= ((v.wrapping_mul(0x0102_0408_1020_4080) >> 56) as u32) << (w * 8);
     }
-    (mask, or)
+    mask
 }
 
 /// Bytes per window of the plain-text fast path.
@@ -596,6 +588,7 @@ impl Parser<'_> {
         let mut i = body;
         let mut flags = 0u8;
         let mut seen = 0u8;
+        let mut acc = [0u8; BLOCK];
         // Stop-free blocks in a row: two of them suggest prose, worth a window at a time.
         let mut quiet = 0u32;
         let end = 'scan: loop {
@@ -603,8 +596,8 @@ impl Parser<'_> {
                 i = plain_windows(src, i, &mut seen);
                 quiet = 0;
             }
-            let (mut mask, or) = match src.get(i..i + BLOCK) {
-                Some(b) => stops(b.try_into().unwrap_or(&[0; BLOCK])),
+            let mut mask = match src.get(i..i + BLOCK) {
+                Some(b) => stops(b.try_into().unwrap_or(&[0; BLOCK]), &mut acc),
                 None => {
                     // The last few bytes of the body, one at a time.
                     let mut m = 0u32;
@@ -618,10 +611,9 @@ impl Parser<'_> {
                         self.pos = src.len();
                         return Err(self.err("EOF while parsing a string"));
                     }
-                    (m, 0)
+                    m
                 }
             };
-            seen |= or;
             quiet = if mask == 0 { quiet + 1 } else { 0 };
             while mask != 0 {
                 let p = i + mask.trailing_zeros() as usize;
@@ -672,6 +664,7 @@ impl Parser<'_> {
                 return Err(self.err("EOF while parsing a string"));
             }
         };
+        seen |= acc.iter().fold(0, |a, &x| a | x);
         // Bytes after the closing quote may have been ORed in too: at worst a needless check.
         if seen >= 0x80 {
             if let Err(e) = std::str::from_utf8(&src[body..end]) {
@@ -807,6 +800,28 @@ mod tests {
             let d = Doc::parse(s.as_bytes()).unwrap();
             assert!(d.root().text().is_err(), "{s}");
             assert!(serde_json::from_str::<String>(s).is_err());
+        }
+    }
+
+    #[test]
+    fn bad_bytes_are_found_at_any_offset() {
+        // Blocks, windows after quiet blocks, and the tail each see the bad byte somewhere.
+        for len in [
+            1usize, 31, 32, 33, 63, 64, 65, 100, 127, 128, 129, 200, 300, 511,
+        ] {
+            for pos in [0, 1, len / 3, len / 2, len - 1] {
+                for lead in ["", "x\\n", "\\t\\\"y"] {
+                    let mut b = format!("[\"{lead}{}\", 1]", "a".repeat(len)).into_bytes();
+                    let at = 2 + lead.len() + pos;
+                    assert!(Doc::parse(&b).is_ok());
+                    b[at] = 0xff;
+                    assert!(Doc::parse(&b).is_err(), "0xff at {pos} of {len}");
+                    b[at] = 0x01;
+                    assert!(Doc::parse(&b).is_err(), "0x01 at {pos} of {len}");
+                    b[at] = 0xc3; // a lead byte with no continuation
+                    assert!(Doc::parse(&b).is_err(), "lone lead at {pos} of {len}");
+                }
+            }
         }
     }
 
