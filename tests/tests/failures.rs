@@ -121,7 +121,7 @@ async fn health_probes_bring_upstream_back() {
 async fn upstream_connections_are_reused_and_closed_ones_never_fail() {
     let engine = router_tests::engine::FakeEngine::start_with_idle_close(
         "e0",
-        Some(Duration::from_millis(300)),
+        Some(Duration::from_millis(1000)),
     )
     .await;
     let addr = free_addr();
@@ -146,7 +146,7 @@ async fn upstream_connections_are_reused_and_closed_ones_never_fail() {
     );
 
     // The engine drops the idle connection; the next requests open a new one.
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    tokio::time::sleep(Duration::from_millis(2000)).await;
     let before = conns();
     for i in 0..3 {
         let r = post(&url, &Conversation::new(50 + i, 2000).body("m", false), &[]).await;
@@ -179,4 +179,34 @@ async fn upstream_connections_are_reused_and_closed_ones_never_fail() {
         !t.contains("router_upstream_attempt_failures_total{kind=\"reset\"} 1"),
         "{t}"
     );
+}
+
+/// The router closes upstream connections idle past `timeouts.upstream_idle_ms` (set
+/// below the engines' keep-alive, so it never reuses one the engine is closing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_upstream_connections_expire() {
+    let engine = router_tests::engine::FakeEngine::start("e0").await;
+    let addr = free_addr();
+    let dir = TempDir::new("pool-idle");
+    let toml = format!(
+        "listen = \"{addr}\"\nworkers = 1\n[timeouts]\nupstream_idle_ms = 1000\n[health]\ninterval_ms = 60000\n[[upstreams]]\nurl = \"{}\"\n",
+        engine.url()
+    );
+    let _r = start_router(&dir, &toml, &[], addr).await;
+    let url = format!("http://{addr}/v1/chat/completions");
+    let conns = || engine.state.connections.load(Relaxed);
+    let ok = |r: Reply| assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    ok(post(&url, &Conversation::new(1, 1000).body("m", false), &[]).await);
+    let before = conns();
+    for i in 0..5 {
+        ok(post(&url, &Conversation::new(2 + i, 1000).body("m", false), &[]).await);
+    }
+    assert_eq!(
+        conns(),
+        before,
+        "back-to-back requests did not reuse the connection"
+    );
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    ok(post(&url, &Conversation::new(9, 1000).body("m", false), &[]).await);
+    assert_eq!(conns(), before + 1, "an expired connection was reused");
 }

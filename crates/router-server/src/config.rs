@@ -251,6 +251,10 @@ pub struct Timeouts {
     pub client_header_ms: u64,
     /// Reading a client's request body (default 60,000).
     pub client_body_ms: u64,
+    /// An idle upstream connection is closed after this (default 4,000: below the 5 s
+    /// keep-alive timeout of uvicorn, which serves vLLM and SGLang, so the router never
+    /// sends on a connection the engine is closing at that moment).
+    pub upstream_idle_ms: u64,
 }
 
 impl Default for Timeouts {
@@ -261,6 +265,7 @@ impl Default for Timeouts {
             idle_stream_ms: 120_000,
             client_header_ms: 10_000,
             client_body_ms: 60_000,
+            upstream_idle_ms: 4_000,
         }
     }
 }
@@ -513,6 +518,7 @@ impl Config {
             ("idle_stream_ms", t.idle_stream_ms),
             ("client_header_ms", t.client_header_ms),
             ("client_body_ms", t.client_body_ms),
+            ("upstream_idle_ms", t.upstream_idle_ms),
             ("health.interval_ms", self.health.interval_ms),
             ("health.timeout_ms", self.health.timeout_ms),
         ] {

@@ -51,7 +51,7 @@ pub fn pool_config(cfg: &Config) -> upstream::PoolConfig {
     upstream::PoolConfig {
         connect_timeout: Duration::from_millis(cfg.timeouts.connect_ms),
         max_idle_per_upstream: 1024,
-        idle_timeout: Duration::from_secs(90),
+        idle_timeout: Duration::from_millis(cfg.timeouts.upstream_idle_ms),
     }
 }
 
