@@ -112,6 +112,10 @@ pub struct ClusterConfig {
     /// certificate signed by `ca`; admin clients need TLS and the admin token.
     #[serde(default)]
     pub tls: Option<PeerTlsConfig>,
+    /// Allows a plaintext peer port on a non-loopback address (default false: such a
+    /// cluster must set `tls`, so the Raft log is never open to the network by accident).
+    #[serde(default)]
+    pub insecure_plaintext: bool,
 }
 
 /// Peer mutual TLS files.
@@ -552,6 +556,14 @@ impl Config {
             if c.cluster_id.is_empty() {
                 return bad("cluster.cluster_id must not be empty".into());
             }
+            if c.tls.is_none() && !c.listen.ip().is_loopback() && !c.insecure_plaintext {
+                return bad(format!(
+                    "cluster.listen {} is reachable from the network but [cluster.tls] is not set: \
+                     configure mutual TLS between peers, or set cluster.insecure_plaintext = true \
+                     on a network you trust",
+                    c.listen
+                ));
+            }
             if let Some(t) = &c.tls {
                 for p in [&t.ca, &t.cert, &t.key] {
                     if !p.exists() {
@@ -672,6 +684,28 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("lisen"), "{e}");
+    }
+
+    #[test]
+    fn plaintext_peer_port_only_on_loopback_or_when_asked() {
+        let dir = std::env::temp_dir().join(format!("rcfg-peer-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("r.toml");
+        let cfg = |listen: &str, extra: &str| {
+            format!("[cluster]\nnode_id = 1\nlisten = \"{listen}\"\ndata_dir = \"/tmp/x\"\ncluster_id = \"c\"\npeers = [{{ id = 1, addr = \"{listen}\" }}]\n{extra}")
+        };
+        std::fs::write(&p, cfg("127.0.0.1:7001", "")).unwrap();
+        assert!(load(&[], Some(&p), Overrides::default()).is_ok());
+        std::fs::write(&p, cfg("0.0.0.0:7001", "")).unwrap();
+        let e = load(&[], Some(&p), Overrides::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("cluster.tls") && e.contains("insecure_plaintext"),
+            "{e}"
+        );
+        std::fs::write(&p, cfg("10.0.0.5:7001", "insecure_plaintext = true\n")).unwrap();
+        assert!(load(&[], Some(&p), Overrides::default()).is_ok());
     }
 
     #[test]
