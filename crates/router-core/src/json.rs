@@ -416,6 +416,12 @@ fn push_escaped(ch: char, out: &mut Vec<u8>) {
     }
 }
 
+/// 1 for a byte that ends a plain run of string text (`"`, `\\`, control characters), else 0.
+#[inline(always)]
+fn stop(x: u8) -> u8 {
+    u8::from(x == b'"') | u8::from(x == b'\\') | u8::from(x < 0x20)
+}
+
 /// Bytes per scanned block.
 const BLOCK: usize = 32;
 
@@ -428,7 +434,7 @@ const BLOCK: usize = 32;
 fn stops(block: &[u8; BLOCK], acc: &mut [u8; BLOCK]) -> u32 {
     let mut flags = [0u8; BLOCK];
     for ((f, a), &x) in flags.iter_mut().zip(acc.iter_mut()).zip(block) {
-        *f = u8::from(x == b'"') | u8::from(x == b'\\') | u8::from(x < 0x20);
+        *f = stop(x);
         *a |= x;
     }
     let mut mask = 0u32;
@@ -454,7 +460,7 @@ fn plain_windows(src: &[u8], mut i: usize, seen: &mut u8) -> usize {
         let mut any = 0u8;
         let mut or = 0u8;
         for &x in w {
-            any |= u8::from(x == b'"') | u8::from(x == b'\\') | u8::from(x < 0x20);
+            any |= stop(x);
             or |= x;
         }
         if any != 0 {
@@ -602,9 +608,7 @@ impl Parser<'_> {
                     // The last few bytes of the body, one at a time.
                     let mut m = 0u32;
                     for (k, &x) in src[i..].iter().enumerate() {
-                        if x == b'"' || x == b'\\' || x < 0x20 {
-                            m |= 1 << k;
-                        }
+                        m |= u32::from(stop(x)) << k;
                         seen |= x;
                     }
                     if m == 0 {

@@ -48,6 +48,14 @@ impl Upstream {
     }
 }
 
+/// `url`, or `url#dp` for one rank of a multi-rank server.
+fn label_of(url: &str, dp_rank: Option<u32>) -> String {
+    match dp_rank {
+        Some(d) => format!("{url}#{d}"),
+        None => url.to_owned(),
+    }
+}
+
 /// One KV cache: an upstream, or one data-parallel rank of it.
 #[derive(Debug)]
 pub struct RankState {
@@ -89,9 +97,11 @@ impl RankState {
         capacity_tokens: u64,
     ) -> RankState {
         let d = dp_rank.unwrap_or(0);
-        let mut r = RankState {
+        let label = label_of(&upstream.url, dp_rank);
+        RankState {
             id,
             key: xxh3_64(format!("{}#{d}", upstream.url).as_bytes()),
+            label_header: HeaderValue::from_str(&label).unwrap_or(HeaderValue::from_static("")),
             upstream,
             dp_rank,
             weight_bits: AtomicU64::new(weight.to_bits()),
@@ -102,18 +112,12 @@ impl RankState {
             remote_decodes: AtomicU64::new(0),
             inflight: AtomicU64::new(0),
             requests: AtomicU64::new(0),
-            label_header: HeaderValue::from_static(""),
-        };
-        r.label_header = HeaderValue::from_str(&r.label()).unwrap_or(HeaderValue::from_static(""));
-        r
+        }
     }
 
     /// Label used in the response header and logs: `url` or `url#dp`.
     pub fn label(&self) -> String {
-        match self.dp_rank {
-            Some(d) => format!("{}#{d}", self.upstream.url),
-            None => self.upstream.url.to_string(),
-        }
+        label_of(&self.upstream.url, self.dp_rank)
     }
 
     /// Relative speed.

@@ -54,6 +54,13 @@ struct Idle {
     since: Instant,
 }
 
+impl Idle {
+    /// Still worth reusing at `now`: open, and idle for less than `timeout`.
+    fn usable(&self, now: Instant, timeout: Duration) -> bool {
+        !self.tx.is_closed() && now - self.since < timeout
+    }
+}
+
 /// Settings of a pool.
 #[derive(Debug, Clone, Copy)]
 pub struct PoolConfig {
@@ -108,8 +115,9 @@ impl Pool {
     fn checkout(&self, authority: &str) -> Option<Sender> {
         let mut map = self.lock();
         let q = map.get_mut(authority)?;
+        let now = Instant::now();
         while let Some(i) = q.pop_back() {
-            if !i.tx.is_closed() && i.since.elapsed() < self.cfg.idle_timeout {
+            if i.usable(now, self.cfg.idle_timeout) {
                 return Some(i.tx);
             }
         }
@@ -127,7 +135,7 @@ impl Pool {
         // busy never needs the sweeper.
         while q
             .front()
-            .is_some_and(|i| i.tx.is_closed() || now - i.since >= self.cfg.idle_timeout)
+            .is_some_and(|i| !i.usable(now, self.cfg.idle_timeout))
         {
             q.pop_front();
         }
@@ -142,7 +150,7 @@ impl Pool {
         let now = Instant::now();
         let mut map = self.lock();
         for q in map.values_mut() {
-            q.retain(|i| !i.tx.is_closed() && now - i.since < self.cfg.idle_timeout);
+            q.retain(|i| i.usable(now, self.cfg.idle_timeout));
         }
         map.retain(|_, q| !q.is_empty());
     }
