@@ -146,6 +146,11 @@ async fn throughput(
     Ok(count.load(Relaxed) as f64 / s.elapsed().as_secs_f64())
 }
 
+/// A router on `port` in front of the one upstream `up`, probing it rarely.
+fn router_config(port: u16, up: SocketAddr) -> String {
+    format!("listen = \"127.0.0.1:{port}\"\n[log]\nlevel = \"warn\"\n[health]\ninterval_ms = 60000\n[[upstreams]]\nurl = \"http://{up}\"\n")
+}
+
 /// Runs both tests and prints the figures.
 pub async fn run(a: ProxyArgs) -> anyhow::Result<serde_json::Value> {
     let dir = std::env::temp_dir().join(format!("routerbench-proxy-{}", std::process::id()));
@@ -153,7 +158,7 @@ pub async fn run(a: ProxyArgs) -> anyhow::Result<serde_json::Value> {
     let up = upstream().await?;
     let rport = free_port()?;
     let cfg = dir.join("router.toml");
-    std::fs::write(&cfg, format!("listen = \"127.0.0.1:{rport}\"\n[log]\nlevel = \"warn\"\n[health]\ninterval_ms = 60000\n[[upstreams]]\nurl = \"http://{up}\"\n"))?;
+    std::fs::write(&cfg, router_config(rport, up))?;
     let mut cmd = Command::new(sibling("router")?);
     cmd.arg("--config").arg(&cfg);
     let _router = spawn("router", cmd, &dir.join("router.log"))?;
@@ -169,7 +174,7 @@ pub async fn run(a: ProxyArgs) -> anyhow::Result<serde_json::Value> {
     if let Some(bin) = &a.compare_router {
         let bport = free_port()?;
         let cfg = dir.join("router-b.toml");
-        std::fs::write(&cfg, format!("listen = \"127.0.0.1:{bport}\"\n[log]\nlevel = \"warn\"\n[health]\ninterval_ms = 60000\n[[upstreams]]\nurl = \"http://{up}\"\n"))?;
+        std::fs::write(&cfg, router_config(bport, up))?;
         let mut cmd = Command::new(bin);
         cmd.arg("--config").arg(&cfg);
         _router_b = Some(spawn("router-b", cmd, &dir.join("router-b.log"))?);
