@@ -32,6 +32,8 @@ pub struct EngineState {
     pub force_status: AtomicU16,
     /// Health probes answered.
     pub probes: AtomicU64,
+    /// When non-zero, health probes get this status.
+    pub health_status: AtomicU16,
     /// TCP connections accepted.
     pub connections: AtomicU64,
 }
@@ -123,7 +125,11 @@ async fn serve(st: Arc<EngineState>, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_owned();
     if path == "/health" {
         st.probes.fetch_add(1, Relaxed);
-        return json(StatusCode::OK, serde_json::json!({}), &st.name);
+        let status = match st.health_status.load(Relaxed) {
+            0 => StatusCode::OK,
+            s => StatusCode::from_u16(s).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        };
+        return json(status, serde_json::json!({}), &st.name);
     }
     if path == "/v1/models" {
         return json(

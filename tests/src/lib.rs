@@ -286,3 +286,136 @@ impl Conversation {
         self.messages.push(serde_json::json!({"role": "user", "content": text(self.seed * 7919 + self.turn, tool_bytes)}));
     }
 }
+
+/// A `router` in front of fake engines, assembled from pieces of TOML: the setup most
+/// tests share.
+pub struct RouterBuilder {
+    tag: String,
+    engines: Vec<engine::FakeEngine>,
+    new_engines: usize,
+    keys: Vec<String>,
+    tables: Vec<String>,
+    per_upstream: String,
+    extra_upstreams: Vec<String>,
+    env: Vec<(String, String)>,
+    dir: Option<TempDir>,
+}
+
+/// Starts describing a router for the test `tag`.
+pub fn router(tag: &str) -> RouterBuilder {
+    RouterBuilder {
+        tag: tag.to_owned(),
+        engines: Vec::new(),
+        new_engines: 0,
+        keys: Vec::new(),
+        tables: Vec::new(),
+        per_upstream: String::new(),
+        extra_upstreams: Vec::new(),
+        env: Vec::new(),
+        dir: None,
+    }
+}
+
+impl RouterBuilder {
+    /// `n` fresh fake engines, each an upstream.
+    pub fn engines(mut self, n: usize) -> Self {
+        self.new_engines = n;
+        self
+    }
+    /// Engines the test started itself (with options), each an upstream.
+    pub fn with_engines(mut self, e: Vec<engine::FakeEngine>) -> Self {
+        self.engines = e;
+        self
+    }
+    /// A top-level config line, e.g. `workers = 1`.
+    pub fn key(mut self, line: &str) -> Self {
+        self.keys.push(line.to_owned());
+        self
+    }
+    /// A config table, e.g. `[health]\ninterval_ms = 50`.
+    pub fn table(mut self, toml: &str) -> Self {
+        self.tables.push(toml.to_owned());
+        self
+    }
+    /// Lines added to every engine's `[[upstreams]]` entry.
+    pub fn per_upstream(mut self, lines: &str) -> Self {
+        self.per_upstream = lines.to_owned();
+        self
+    }
+    /// An upstream that is not one of the engines (a dead address, say).
+    pub fn upstream(mut self, url: &str) -> Self {
+        self.extra_upstreams.push(url.to_owned());
+        self
+    }
+    /// An environment variable for the router process.
+    pub fn env(mut self, k: &str, v: &str) -> Self {
+        self.env.push((k.to_owned(), v.to_owned()));
+        self
+    }
+    /// Uses a directory the test already made (for files the config names).
+    pub fn in_dir(mut self, dir: TempDir) -> Self {
+        self.dir = Some(dir);
+        self
+    }
+
+    /// Starts the engines and the router, and waits until the router answers.
+    pub async fn start(self) -> Running {
+        let mut engines = self.engines;
+        let first = engines.len();
+        for i in 0..self.new_engines {
+            engines.push(engine::FakeEngine::start(&format!("e{}", first + i)).await);
+        }
+        let addr = free_addr();
+        let dir = self.dir.unwrap_or_else(|| TempDir::new(&self.tag));
+        let mut toml = format!("listen = \"{addr}\"\n");
+        for k in &self.keys {
+            toml.push_str(k);
+            toml.push('\n');
+        }
+        for t in &self.tables {
+            toml.push_str(t);
+            toml.push('\n');
+        }
+        for u in &self.extra_upstreams {
+            toml.push_str(&format!("[[upstreams]]\nurl = \"{u}\"\n"));
+        }
+        for e in &engines {
+            toml.push_str(&format!(
+                "[[upstreams]]\nurl = \"{}\"\n{}\n",
+                e.url(),
+                self.per_upstream
+            ));
+        }
+        let env: Vec<(&str, &str)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let proc = start_router(&dir, &toml, &env, addr).await;
+        Running {
+            engines,
+            addr,
+            proc,
+            dir,
+        }
+    }
+}
+
+/// A started router and its engines; everything stops when it is dropped.
+pub struct Running {
+    /// The fake engines, in upstream order (after any [`RouterBuilder::upstream`]).
+    pub engines: Vec<engine::FakeEngine>,
+    /// The router's client address.
+    pub addr: SocketAddr,
+    /// The router process.
+    pub proc: Proc,
+    /// Its directory (config, log).
+    pub dir: TempDir,
+}
+
+impl Running {
+    /// `http://<router><path>`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+}

@@ -8,7 +8,13 @@
 #![allow(clippy::result_large_err)]
 
 pub mod codec;
+pub mod config;
 pub mod network;
 pub mod node;
+pub mod status;
 pub mod store;
 pub mod tls;
+
+pub use config::RaftTunables;
+pub use node::{ClusterNode, MembershipError, NodeConfig};
+pub use status::{Member, NodeStatus, Role, SnapshotStats};

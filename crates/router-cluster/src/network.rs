@@ -43,11 +43,6 @@ impl Network {
         }
     }
 
-    /// The cluster id sent on every call.
-    pub fn cluster_id(&self) -> &str {
-        &self.cluster_id
-    }
-
     /// The cached channel to `addr` (created lazily on first use).
     pub fn channel(&self, addr: &str) -> Result<Channel, String> {
         let mut map = self

@@ -1,11 +1,14 @@
 //! One cluster peer: sled storage, openraft, the peer gRPC service, and writes that a
 //! follower forwards to the leader itself.
 
+use crate::config::RaftTunables;
 use crate::network::{Network, PeerService};
+use crate::status::{Member, NodeStatus, Role, SnapshotStats};
 use crate::store::{LogStore, Node, NodeId, OnApply, StateMachineStore, StoreStats, TypeConfig};
 use crate::tls::PeerTls;
 use openraft::error::{ClientWriteError, RaftError};
-use openraft::{Config, Raft};
+use openraft::Raft;
+use openraft::{RaftMetrics, ServerState};
 use router_core::{Command, Outcome};
 use router_proto::v1::peer_client::PeerClient;
 use router_proto::v1::peer_server::PeerServer;
@@ -13,6 +16,7 @@ use router_proto::v1::RaftMessage;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -30,16 +34,8 @@ pub struct NodeConfig {
     pub data_dir: PathBuf,
     /// Shared by every peer of the cluster; others are refused.
     pub cluster_id: String,
-    /// Raft heartbeat, ms.
-    pub heartbeat_ms: u64,
-    /// Election timeout range, ms.
-    pub election_min_ms: u64,
-    /// Election timeout range, ms.
-    pub election_max_ms: u64,
-    /// Snapshot after this many applied entries.
-    pub snapshot_every: u64,
-    /// Entries kept in the log behind a snapshot.
-    pub keep_logs: u64,
+    /// Raft timing and log retention.
+    pub raft: RaftTunables,
     /// Mutual TLS between peers (and TLS for admin clients).
     pub tls: Option<PeerTls>,
     /// Cache model sizing.
@@ -50,14 +46,12 @@ pub struct NodeConfig {
 
 /// A running peer.
 pub struct ClusterNode {
-    /// The Raft handle.
-    pub raft: Raft<TypeConfig>,
-    /// The state machine (read it for digests and status).
+    raft: Raft<TypeConfig>,
+    /// The state machine (tests and benchmarks read it; the router reads published views).
     pub sm: StateMachineStore,
     /// This peer's id.
     pub id: NodeId,
-    /// Storage counters.
-    pub stats: Arc<StoreStats>,
+    stats: Arc<StoreStats>,
     cluster_id: String,
     net: Network,
     listen: SocketAddr,
@@ -65,15 +59,50 @@ pub struct ClusterNode {
     server: Mutex<Option<(oneshot::Sender<()>, tokio::task::JoinHandle<()>)>>,
 }
 
-/// Why a membership change did not happen here.
-#[derive(Debug, thiserror::Error)]
+/// How long a new peer may take to catch up before `add_peer` gives up on it.
+pub const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(10);
+/// A learner within this many entries of the leader's log counts as caught up.
+const CATCH_UP_LAG: u64 = 64;
+
+/// Why a membership change did not happen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MembershipError {
     /// Only the leader changes membership; this is its address when known.
     #[error("not the leader")]
     NotLeader(Option<String>),
-    /// Refused or failed.
+    /// The id belonged to a peer that was removed; ids are never reused.
+    #[error("node id {0} was removed before; ids are never reused")]
+    RetiredId(NodeId),
+    /// Adding a peer that already votes.
+    #[error("node {0} is already a voter")]
+    AlreadyVoter(NodeId),
+    /// Removing a peer that is not in the membership.
+    #[error("node {0} is not a member")]
+    NotMember(NodeId),
+    /// Removing the only voter.
+    #[error("cannot remove the last voter")]
+    LastVoter,
+    /// The new peer did not catch up in time: it was taken out again and never voted.
+    #[error(
+        "node {id} at {addr} did not catch up within {secs} s (it holds log index {matched:?}, \
+         the leader {target}); it was removed again and never voted: check that it runs and \
+         that this address reaches it, then retry"
+    )]
+    CatchUpTimeout {
+        /// The new peer.
+        id: NodeId,
+        /// Its address.
+        addr: String,
+        /// Seconds waited.
+        secs: u64,
+        /// What it had replicated.
+        matched: Option<u64>,
+        /// The leader's last log index.
+        target: u64,
+    },
+    /// Raft refused or failed the change (lost leadership, a change in progress, ...).
     #[error("{0}")]
-    Failed(String),
+    Raft(String),
 }
 
 impl ClusterNode {
@@ -91,20 +120,7 @@ impl ClusterNode {
             stats.clone(),
         )
         .map_err(|e| anyhow::anyhow!("opening the state machine: {e}"))?;
-        let raft_cfg = Config {
-            cluster_name: cfg.cluster_id.clone(),
-            heartbeat_interval: cfg.heartbeat_ms,
-            election_timeout_min: cfg.election_min_ms,
-            election_timeout_max: cfg.election_max_ms,
-            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(cfg.snapshot_every),
-            max_in_snapshot_log_to_keep: cfg.keep_logs,
-            install_snapshot_timeout: 2_000,
-            // An append must finish within one heartbeat interval (openraft's timeout for
-            // it); route batches are large, so send few entries per call.
-            max_payload_entries: 8,
-            ..Default::default()
-        }
-        .validate()?;
+        let raft_cfg = cfg.raft.openraft(&cfg.cluster_id)?;
         let tls = cfg.tls.as_ref().map(PeerTls::load).transpose()?;
         let net = Network::new(&cfg.cluster_id, tls.as_ref().map(|t| t.client.clone()));
         let raft = Raft::new(cfg.id, Arc::new(raft_cfg), net.clone(), log, sm.clone())
@@ -172,33 +188,161 @@ impl ClusterNode {
         &self.net
     }
 
+    fn metrics(&self) -> RaftMetrics<NodeId, Node> {
+        self.raft.metrics().borrow().clone()
+    }
+
     /// The current leader's id and address, when known.
     pub fn leader(&self) -> Option<(NodeId, String)> {
-        let m = self.raft.metrics().borrow().clone();
+        let m = self.metrics();
         let id = m.current_leader?;
         let addr = m.membership_config.membership().get_node(&id)?.addr.clone();
         Some((id, addr))
     }
 
-    /// Adds a router peer: as a learner first (it catches up from the log or a snapshot),
-    /// then as a voter. Retired ids are refused. Only on the leader.
-    pub async fn add_peer(&self, id: NodeId, addr: &str) -> Result<(), MembershipError> {
-        if self.sm.state.read().await.machine.is_retired(id) {
-            return Err(MembershipError::Failed(format!(
-                "node id {id} was removed before; ids are never reused"
-            )));
+    /// Whether this peer knows a leader (its writes can go somewhere).
+    pub fn has_leader(&self) -> bool {
+        self.raft.metrics().borrow().current_leader.is_some()
+    }
+
+    /// Role, term, log positions and membership, read from Raft's metrics without a lock.
+    pub fn status(&self) -> NodeStatus {
+        let m = self.metrics();
+        let membership = m.membership_config.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let matched = |id: NodeId| {
+            m.replication
+                .as_ref()
+                .and_then(|r| r.get(&id).cloned().flatten())
+                .map(|l| l.index)
+        };
+        NodeStatus {
+            id: self.id,
+            role: match m.state {
+                ServerState::Leader => Role::Leader,
+                ServerState::Follower => Role::Follower,
+                ServerState::Candidate => Role::Candidate,
+                ServerState::Learner => Role::Learner,
+                ServerState::Shutdown => Role::Shutdown,
+            },
+            term: m.current_term,
+            leader: m.current_leader,
+            last_log_index: m.last_log_index.unwrap_or(0),
+            commit_index: self.stats.committed.load(Relaxed),
+            applied_index: m.last_applied.map_or(0, |l| l.index),
+            snapshot_index: m.snapshot.map_or(0, |s| s.index),
+            purged_index: m.purged.map_or(0, |s| s.index),
+            members: membership
+                .nodes()
+                .map(|(id, n)| Member {
+                    id: *id,
+                    addr: n.addr.clone(),
+                    voter: voters.contains(id),
+                    matched_index: matched(*id),
+                })
+                .collect(),
         }
-        let m = self.raft.metrics().borrow().clone();
-        let mut voters: BTreeSet<NodeId> = m.membership_config.membership().voter_ids().collect();
-        if voters.contains(&id) {
-            return Err(MembershipError::Failed(format!(
-                "node {id} is already a voter"
-            )));
+    }
+
+    /// Snapshot counters and timings.
+    pub fn snapshot_stats(&self) -> SnapshotStats {
+        let s = &self.stats;
+        SnapshotStats {
+            built: s.snapshots_built.load(Relaxed),
+            installed: s.snapshots_installed.load(Relaxed),
+            bytes: s.snapshot_bytes.load(Relaxed),
+            build_us: s.snapshot_build_us.load(Relaxed),
+            lock_us: s.snapshot_lock_us.load(Relaxed),
+            install_us: s.snapshot_install_us.load(Relaxed),
+        }
+    }
+
+    /// Adds a router peer: as a learner first, then, once it has caught up with the log
+    /// (within [`CATCH_UP_TIMEOUT`]), as a voter. A peer that does not catch up (down,
+    /// unreachable, wrong address) is taken out again and never votes, so it can never cost
+    /// the cluster its quorum. Retired ids are refused. Only on the leader.
+    pub async fn add_peer(&self, id: NodeId, addr: &str) -> Result<(), MembershipError> {
+        self.add_peer_within(id, addr, CATCH_UP_TIMEOUT).await
+    }
+
+    /// [`ClusterNode::add_peer`] with its own catch-up deadline.
+    pub async fn add_peer_within(
+        &self,
+        id: NodeId,
+        addr: &str,
+        timeout: Duration,
+    ) -> Result<(), MembershipError> {
+        if self.sm.state.read().await.machine.is_retired(id) {
+            return Err(MembershipError::RetiredId(id));
+        }
+        if self
+            .metrics()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .any(|v| v == id)
+        {
+            return Err(MembershipError::AlreadyVoter(id));
         }
         self.raft
-            .add_learner(id, Node::new(addr), true)
+            .add_learner(id, Node::new(addr), false)
             .await
             .map_err(membership_error)?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut rx = self.raft.metrics();
+        let caught_up = loop {
+            let (matched, target, leading) = {
+                let m = rx.borrow_and_update();
+                let matched = m
+                    .replication
+                    .as_ref()
+                    .and_then(|r| r.get(&id).cloned().flatten())
+                    .map(|l| l.index);
+                (
+                    matched,
+                    m.last_log_index.unwrap_or(0),
+                    m.state == ServerState::Leader,
+                )
+            };
+            if !leading {
+                break Err(MembershipError::Raft(
+                    "lost leadership while the new peer caught up; retry".into(),
+                ));
+            }
+            if matched.is_some_and(|i| i + CATCH_UP_LAG >= target) {
+                break Ok(());
+            }
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                break Err(MembershipError::CatchUpTimeout {
+                    id,
+                    addr: addr.to_owned(),
+                    secs: timeout.as_secs(),
+                    matched,
+                    target,
+                });
+            }
+            let _ = tokio::time::timeout(left.min(Duration::from_millis(100)), rx.changed()).await;
+        };
+        if let Err(e) = caught_up {
+            // Out again, so the leader stops replicating to it and admin changes do not
+            // wait for it; it never voted, so quorum was never at stake.
+            let gone: BTreeSet<NodeId> = [id].into();
+            if let Err(r) = self
+                .raft
+                .change_membership(openraft::ChangeMembers::RemoveNodes(gone), false)
+                .await
+            {
+                tracing::warn!(node = id, error = %r, "could not remove the learner that did not catch up");
+            }
+            return Err(e);
+        }
+        let mut voters: BTreeSet<NodeId> = self
+            .metrics()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .collect();
         voters.insert(id);
         self.raft
             .change_membership(voters, false)
@@ -209,31 +353,40 @@ impl ClusterNode {
 
     /// Removes a router peer from the voters and retires its id. Only on the leader.
     pub async fn remove_peer(&self, id: NodeId) -> Result<(), MembershipError> {
-        let m = self.raft.metrics().borrow().clone();
+        let m = self.metrics();
         let mut voters: BTreeSet<NodeId> = m.membership_config.membership().voter_ids().collect();
-        let learner = m.membership_config.membership().get_node(&id).is_some();
-        if !voters.remove(&id) && !learner {
-            return Err(MembershipError::Failed(format!(
-                "node {id} is not a member"
-            )));
+        let member = m.membership_config.membership().get_node(&id).is_some();
+        if !member {
+            return Err(MembershipError::NotMember(id));
         }
-        if voters.is_empty() {
-            return Err(MembershipError::Failed(
-                "cannot remove the last voter".to_string(),
-            ));
+        if voters.remove(&id) {
+            if voters.is_empty() {
+                return Err(MembershipError::LastVoter);
+            }
+            self.raft
+                .change_membership(voters, false)
+                .await
+                .map_err(membership_error)?;
+        } else {
+            let gone: BTreeSet<NodeId> = [id].into();
+            self.raft
+                .change_membership(openraft::ChangeMembers::RemoveNodes(gone), false)
+                .await
+                .map_err(membership_error)?;
         }
-        self.raft
-            .change_membership(voters, false)
-            .await
-            .map_err(membership_error)?;
         self.propose(Command::RetirePeer { id })
             .await
-            .map_err(|e| MembershipError::Failed(e.to_string()))?;
+            .map_err(|e| MembershipError::Raft(e.to_string()))?;
         Ok(())
     }
 
-    /// Makes the first membership (call on one peer of a new cluster).
-    pub async fn initialize(&self, members: BTreeMap<NodeId, Node>) -> anyhow::Result<()> {
+    /// Makes the first membership from `members` (id -> peer address); call it on one
+    /// peer of a new cluster. On a cluster that already has one it does nothing.
+    pub async fn initialize(&self, members: BTreeMap<NodeId, String>) -> anyhow::Result<()> {
+        let members: BTreeMap<NodeId, Node> = members
+            .into_iter()
+            .map(|(id, a)| (id, Node::new(a)))
+            .collect();
         match self.raft.initialize(members).await {
             Ok(()) => Ok(()),
             Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => Ok(()),
@@ -377,6 +530,6 @@ fn membership_error(e: RaftError<NodeId, ClientWriteError<NodeId, Node>>) -> Mem
         RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
             MembershipError::NotLeader(f.leader_node.map(|n| n.addr))
         }
-        e => MembershipError::Failed(e.to_string()),
+        e => MembershipError::Raft(e.to_string()),
     }
 }

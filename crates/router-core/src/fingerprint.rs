@@ -9,7 +9,7 @@
 //! xxh3 is specified byte-for-byte and we feed it explicit little-endian values, so the
 //! fingerprints are the same on every architecture and release (golden vectors below).
 
-use crate::canon::{Sink, FORMAT_VERSION};
+use crate::canon::{canonical, CanonError, Endpoint, Sink, FORMAT_VERSION};
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 /// How prompts are cut. `bytes_per_token` converts bytes to the engine's tokens for the
@@ -168,10 +168,40 @@ impl Sink for Chain {
     }
 }
 
+/// What the request path needs from a body: the same as [`CanonicalPrompt`] but with the
+/// fingerprints in place of the canonical bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromptPrint {
+    /// Model name (the fingerprint seed).
+    pub model: String,
+    /// Fingerprints of the canonical bytes.
+    pub fingerprints: Fingerprints,
+    /// `session_params.session_id` from the body, when present.
+    pub session_id: Option<String>,
+    /// Whether the client asked for a streamed response.
+    pub stream: bool,
+}
+
+/// Canonicalizes and fingerprints in one pass, hashing the canonical bytes as they are
+/// produced instead of collecting them. Equal to `cfg.fingerprint(model, canonical bytes)`.
+pub fn fingerprint_json(
+    endpoint: Endpoint,
+    body: &[u8],
+    cfg: &FingerprintConfig,
+) -> Result<PromptPrint, CanonError> {
+    let (head, chain) = canonical(endpoint, body, |model| cfg.chain(model))?;
+    Ok(PromptPrint {
+        model: head.model,
+        fingerprints: chain.finish(),
+        session_id: head.session_id,
+        stream: head.stream,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::canon::{canonicalize, Endpoint};
+    use crate::canon::canonicalize;
 
     #[test]
     fn chain_property() {

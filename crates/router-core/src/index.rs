@@ -23,6 +23,19 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use xxhash_rust::xxh3::Xxh3;
 
+/// One routing decision to remember.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Route {
+    /// Rank that served the prompt.
+    pub rank: RankId,
+    /// The prompt's fingerprints.
+    pub hashes: Vec<u64>,
+    /// Tokens of each fingerprinted chunk.
+    pub chunk_tokens: Vec<u32>,
+    /// Session id hash, if any.
+    pub session: Option<u64>,
+}
+
 /// Dense id of one engine rank (one KV cache). Never reused while its state exists.
 pub type RankId = u32;
 
@@ -117,7 +130,7 @@ impl IndexView {
     /// rank, and its session bound to it. No eviction (the overlay lives for milliseconds,
     /// until the log applies the same routes). The view itself is unchanged (persistent
     /// map: the copy shares everything but the touched entries).
-    pub fn overlay<'a>(&self, routes: impl IntoIterator<Item = &'a crate::Route>) -> IndexView {
+    pub fn overlay<'a>(&self, routes: impl IntoIterator<Item = &'a Route>) -> IndexView {
         let mut out = self.clone();
         for r in routes {
             for h in &r.hashes {
@@ -776,7 +789,7 @@ mod tests {
         m.set_capacity(1, 100_000);
         m.record(0, &[1, 2, 3], &[10, 10, 10], None);
         let v = m.view();
-        let pending = [crate::Route {
+        let pending = [Route {
             rank: 1,
             hashes: vec![1, 2, 9],
             chunk_tokens: vec![10; 3],

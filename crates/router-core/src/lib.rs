@@ -11,14 +11,13 @@ mod json;
 pub mod machine;
 pub mod score;
 pub mod secret;
+pub mod upstream_url;
 
-pub use canon::{
-    canonicalize, canonicalize_json, fingerprint_json, CanonError, CanonicalPrompt, Endpoint,
-    PromptPrint,
-};
-pub use fingerprint::{FingerprintConfig, Fingerprints};
+pub use canon::{canonicalize, canonicalize_json, CanonError, CanonicalPrompt, Endpoint};
+pub use fingerprint::{fingerprint_json, FingerprintConfig, Fingerprints, PromptPrint};
 pub use health::{HealthMachine, HealthThresholds, HealthTransition};
-pub use index::{CacheModel, IndexStats, IndexView, ModelSnapshot, RankId};
-pub use machine::{Command, Machine, MachineSnapshot, Outcome, RankLoad, Route};
+pub use index::{CacheModel, IndexStats, IndexView, ModelSnapshot, RankId, Route};
+pub use machine::{Command, Machine, MachineSnapshot, Outcome, RankLoad, Rejection};
 pub use score::{select, Candidate, Decision, Policy, Reason, RouteInput, ScoreParams};
 pub use secret::ct_eq;
+pub use upstream_url::{parse_upstream_url, UpstreamUrl, UrlError};

@@ -8,23 +8,11 @@
 //! logical clock), so two peers that applied the same entries hold byte-identical state;
 //! [`Machine::digest`] proves it.
 
-use crate::index::{CacheModel, IndexView, ModelSnapshot, RankId};
+use crate::index::{CacheModel, IndexView, ModelSnapshot, RankId, Route};
+use crate::upstream_url::parse_upstream_url;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use xxhash_rust::xxh3::Xxh3;
-
-/// One routing decision to remember.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Route {
-    /// Rank that served the prompt.
-    pub rank: RankId,
-    /// The prompt's fingerprints.
-    pub hashes: Vec<u64>,
-    /// Tokens of each fingerprinted chunk.
-    pub chunk_tokens: Vec<u32>,
-    /// Session id hash, if any.
-    pub session: Option<u64>,
-}
 
 /// One rank's load as one peer sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -98,7 +86,27 @@ pub enum Outcome {
     /// A server joined with these rank ids.
     Joined(Vec<RankId>),
     /// The command named something unknown or invalid; state unchanged.
-    Rejected(String),
+    Rejected(Rejection),
+}
+
+/// Why the state machine refused a command. Every peer refuses the same command the same
+/// way (the check is part of applying it), so the proposer's answer holds cluster-wide.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum Rejection {
+    /// Leave or drain of a URL that is not in the server set.
+    #[error("no server {0}")]
+    UnknownServer(String),
+    /// A join with an invalid URL, rank count, capacity or weight.
+    #[error("invalid server {url}: {reason}")]
+    InvalidServer {
+        /// The URL as given.
+        url: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A load report from a router peer that was removed (its id is retired).
+    #[error("peer {0} was removed")]
+    RetiredPeer(u64),
 }
 
 /// A server in the topology.
@@ -174,7 +182,7 @@ impl Machine {
                 Outcome::Ok
             }
             Command::LoadSnapshot { peer, .. } if self.retired.contains(peer) => {
-                Outcome::Rejected(format!("peer {peer} was removed"))
+                Outcome::Rejected(Rejection::RetiredPeer(*peer))
             }
             Command::LoadSnapshot { peer, at_ms, loads } => {
                 self.loads.insert(
@@ -192,14 +200,26 @@ impl Machine {
                 capacity_tokens,
                 weight,
             } => {
+                let invalid = |reason: String| {
+                    Outcome::Rejected(Rejection::InvalidServer {
+                        url: url.clone(),
+                        reason,
+                    })
+                };
+                match parse_upstream_url(url) {
+                    Err(e) => return invalid(e.to_string()),
+                    // Each server is held under one spelling; callers normalize first.
+                    Ok(u) if u.url != *url => {
+                        return invalid(format!("not in normal form (use {})", u.url))
+                    }
+                    Ok(_) => {}
+                }
                 if *ranks == 0
                     || *ranks > 1024
                     || *capacity_tokens == 0
                     || !(weight.is_finite() && *weight > 0.0)
                 {
-                    return Outcome::Rejected(format!(
-                        "invalid server {url}: ranks 1..=1024, capacity and weight positive"
-                    ));
+                    return invalid("ranks 1..=1024, capacity and weight positive".into());
                 }
                 if let Some(s) = self.servers.get_mut(url) {
                     if s.ranks.len() as u32 == *ranks {
@@ -244,14 +264,14 @@ impl Machine {
                     }
                     Outcome::Ok
                 }
-                None => Outcome::Rejected(format!("no server {url}")),
+                None => Outcome::Rejected(Rejection::UnknownServer(url.clone())),
             },
             Command::DrainServer { url, draining } => match self.servers.get_mut(url) {
                 Some(s) => {
                     s.draining = *draining;
                     Outcome::Ok
                 }
-                None => Outcome::Rejected(format!("no server {url}")),
+                None => Outcome::Rejected(Rejection::UnknownServer(url.clone())),
             },
             Command::RetirePeer { id } => {
                 self.retired.insert(*id);
@@ -371,8 +391,8 @@ mod tests {
 
     fn log() -> Vec<Command> {
         vec![
-            join("http://a", 2),
-            join("http://b", 1),
+            join("http://a:1", 2),
+            join("http://b:1", 1),
             routes(0, 1, 5),
             routes(1, 2, 8),
             routes(2, 3, 4),
@@ -387,13 +407,13 @@ mod tests {
                 }],
             },
             Command::DrainServer {
-                url: "http://b".into(),
+                url: "http://b:1".into(),
                 draining: true,
             },
             Command::LeaveServer {
-                url: "http://a".into(),
+                url: "http://a:1".into(),
             },
-            join("http://c", 1),
+            join("http://c:1", 1),
             Command::RetirePeer { id: 2 },
             Command::LoadSnapshot {
                 peer: 2,
@@ -421,27 +441,42 @@ mod tests {
     #[test]
     fn topology_and_ids_are_never_reused() {
         let mut m = Machine::new(100, 100);
-        assert_eq!(m.apply(&join("http://a", 2)), Outcome::Joined(vec![0, 1]));
-        assert_eq!(m.apply(&join("http://b", 1)), Outcome::Joined(vec![2]));
+        assert_eq!(m.apply(&join("http://a:1", 2)), Outcome::Joined(vec![0, 1]));
+        assert_eq!(m.apply(&join("http://b:1", 1)), Outcome::Joined(vec![2]));
         assert_eq!(
             m.apply(&Command::LeaveServer {
-                url: "http://a".into()
+                url: "http://a:1".into()
             }),
             Outcome::Ok
         );
-        assert_eq!(m.apply(&join("http://a", 1)), Outcome::Joined(vec![3]));
-        assert!(matches!(
+        assert_eq!(m.apply(&join("http://a:1", 1)), Outcome::Joined(vec![3]));
+        assert_eq!(
             m.apply(&Command::LeaveServer {
-                url: "http://x".into()
+                url: "http://x:1".into()
             }),
-            Outcome::Rejected(_)
-        ));
+            Outcome::Rejected(Rejection::UnknownServer("http://x:1".into()))
+        );
         assert!(matches!(
-            m.apply(&join("http://z", 0)),
-            Outcome::Rejected(_)
+            m.apply(&join("http://z:1", 0)),
+            Outcome::Rejected(Rejection::InvalidServer { .. })
         ));
+        // The URL check is the shared one, and the log holds only normalized URLs.
+        for bad in [
+            "http://u:p@z:1",
+            "http://z:1/v1",
+            "http://z:0",
+            "http://Z:1",
+        ] {
+            assert!(
+                matches!(
+                    m.apply(&join(bad, 1)),
+                    Outcome::Rejected(Rejection::InvalidServer { .. })
+                ),
+                "{bad}"
+            );
+        }
         // Re-joining with the same rank count keeps ids (capacity update).
-        assert_eq!(m.apply(&join("http://b", 1)), Outcome::Joined(vec![2]));
+        assert_eq!(m.apply(&join("http://b:1", 1)), Outcome::Joined(vec![2]));
         // Routes to a departed rank are ignored.
         m.apply(&routes(0, 9, 3));
         assert_eq!(m.model().stats().entries, 0);

@@ -3,7 +3,8 @@
 
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
-use router_core::{FingerprintConfig, HealthThresholds, Policy, ScoreParams};
+use router_cluster::RaftTunables;
+use router_core::{parse_upstream_url, FingerprintConfig, HealthThresholds, Policy, ScoreParams};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -79,29 +80,16 @@ pub struct ClusterConfig {
     pub cluster_id: String,
     /// Initial voters (static bootstrap); the lowest id initializes a new cluster.
     pub peers: Vec<PeerConfig>,
-    /// Raft heartbeat (default 100 ms).
-    #[serde(default = "hb")]
-    pub heartbeat_ms: u64,
-    /// Election timeout range (default 250-400 ms). openraft lets a follower start an
-    /// election `election_max_ms` (the leader lease) plus a random election timeout after
-    /// the last heartbeat, so a dead leader is replaced in about 0.65-0.8 s plus a vote.
-    #[serde(default = "emin")]
-    pub election_min_ms: u64,
-    /// Election timeout range.
-    #[serde(default = "emax")]
-    pub election_max_ms: u64,
-    /// Snapshot every N applied entries (default 5000).
-    #[serde(default = "snap")]
-    pub snapshot_every: u64,
+    /// Raft timing and log retention (`heartbeat_ms`, `election_min_ms`,
+    /// `election_max_ms`, `snapshot_every`, `keep_logs`), owned by router-cluster.
+    #[serde(flatten)]
+    pub raft: RaftTunables,
     /// Routing decisions batched into one proposal at most (default 512).
     #[serde(default = "batch")]
     pub batch_routes: usize,
     /// Longest wait before a partial batch is proposed (default 5 ms).
     #[serde(default = "batch_ms")]
     pub batch_ms: u64,
-    /// Log entries kept behind a snapshot, for peers that lag a little (default 1000).
-    #[serde(default = "keep_logs")]
-    pub keep_logs: u64,
     /// How often this peer shares its in-flight load per rank (default 250 ms).
     #[serde(default = "load_report_ms")]
     pub load_report_ms: u64,
@@ -130,9 +118,6 @@ pub struct PeerTlsConfig {
     pub key: PathBuf,
 }
 
-fn keep_logs() -> u64 {
-    1000
-}
 fn load_report_ms() -> u64 {
     250
 }
@@ -140,18 +125,6 @@ fn load_stale_ms() -> u64 {
     2000
 }
 
-fn hb() -> u64 {
-    100
-}
-fn emin() -> u64 {
-    250
-}
-fn emax() -> u64 {
-    400
-}
-fn snap() -> u64 {
-    5000
-}
 fn batch() -> usize {
     512
 }
@@ -471,15 +444,16 @@ impl Config {
         cfg.validate()
     }
 
-    /// Checks every value; returns the config unchanged when it is usable.
-    pub fn validate(self) -> Result<Config, ConfigError> {
+    /// Checks every value and normalizes upstream URLs; returns the config when usable.
+    pub fn validate(mut self) -> Result<Config, ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         if self.workers > 1024 {
             return bad("workers must be 0 (one per CPU) to 1024".into());
         }
-        for u in &self.upstreams {
-            if let Err(e) = parse_upstream_url(&u.url) {
-                return bad(format!("upstream '{}': {e}", u.url));
+        for u in &mut self.upstreams {
+            match parse_upstream_url(&u.url) {
+                Ok(p) => u.url = p.url,
+                Err(e) => return bad(format!("upstream '{}': {e}", u.url)),
             }
             if u.ranks == 0 || u.ranks > 1024 {
                 return bad(format!("upstream '{}': ranks must be 1..=1024", u.url));
@@ -574,11 +548,7 @@ impl Config {
             if c.load_report_ms == 0 || c.load_stale_ms <= c.load_report_ms {
                 return bad("cluster: need 0 < load_report_ms < load_stale_ms".into());
             }
-            if !(c.heartbeat_ms < c.election_min_ms && c.election_min_ms < c.election_max_ms) {
-                return bad(
-                    "cluster: need heartbeat_ms < election_min_ms < election_max_ms".into(),
-                );
-            }
+            c.raft.validate().map_err(ConfigError::Invalid)?;
         }
         if matches!(&self.api_key, Some(k) if k.is_empty()) {
             return bad("api_key must not be empty when set".into());
@@ -588,24 +558,6 @@ impl Config {
         }
         Ok(self)
     }
-}
-
-/// Splits `http://host:port[/base]` into authority and base path.
-pub fn parse_upstream_url(url: &str) -> Result<(String, String), String> {
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| "only http:// upstream URLs are supported".to_string())?;
-    let (authority, base) = match rest.find('/') {
-        Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
-        None => (rest, ""),
-    };
-    if authority.is_empty() {
-        return Err("missing host".into());
-    }
-    authority
-        .parse::<http::uri::Authority>()
-        .map_err(|e| format!("bad host: {e}"))?;
-    Ok((authority.to_owned(), base.to_owned()))
 }
 
 #[cfg(test)]
@@ -709,10 +661,52 @@ mod tests {
     }
 
     #[test]
+    fn raft_tunables_come_from_the_cluster_table() {
+        let dir = std::env::temp_dir().join(format!("rcfg-raft-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("r.toml");
+        let base = "[cluster]\nnode_id = 1\nlisten = \"127.0.0.1:7001\"\ndata_dir = \"/tmp/x\"\ncluster_id = \"c\"\npeers = [{ id = 1, addr = \"127.0.0.1:7001\" }]\n";
+        std::fs::write(&p, format!("{base}heartbeat_ms = 50\nkeep_logs = 7\n")).unwrap();
+        let c = load(&[], Some(&p), Overrides::default()).unwrap();
+        let raft = c.cluster.unwrap().raft;
+        assert_eq!((raft.heartbeat_ms, raft.keep_logs), (50, 7));
+        assert_eq!(
+            raft.election_max_ms,
+            RaftTunables::default().election_max_ms
+        );
+        // A typo in the table is an error, not a silently ignored key.
+        std::fs::write(&p, format!("{base}hearbeat_ms = 50\n")).unwrap();
+        let e = load(&[], Some(&p), Overrides::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("hearbeat_ms"), "{e}");
+        std::fs::write(&p, format!("{base}heartbeat_ms = 500\n")).unwrap();
+        let e = load(&[], Some(&p), Overrides::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("heartbeat_ms < election_min_ms"), "{e}");
+    }
+
+    #[test]
     fn invalid_values_are_reported() {
         let mut c = Config::default();
         c.upstreams.push(UpstreamConfig::from_url("ftp://x"));
         assert!(c.validate().unwrap_err().to_string().contains("http://"));
+        for bad in [
+            "http://u:p@x:1",
+            "http://x:0",
+            "http://x:1/v1",
+            "http://x:99999",
+        ] {
+            let mut c = Config::default();
+            c.upstreams.push(UpstreamConfig::from_url(bad));
+            assert!(c.validate().is_err(), "{bad} accepted");
+        }
+        // Two spellings of one server are one server.
+        let mut c = Config::default();
+        c.upstreams.push(UpstreamConfig::from_url("http://X:1"));
+        c.upstreams.push(UpstreamConfig::from_url("http://x:1/"));
+        assert!(c.validate().is_err());
         let mut c = Config::default();
         c.upstreams.push(UpstreamConfig::from_url("http://x:1"));
         c.upstreams.push(UpstreamConfig::from_url("http://x:1"));

@@ -1,10 +1,9 @@
 //! Drives each upstream's [`HealthMachine`] from active probes and passive results, and
 //! publishes the verdict as an atomic flag that the request path reads.
 
+use crate::client::UpstreamClient;
 use crate::config::HealthConfig;
-use crate::state::RoutingState;
-use crate::topology::Upstream;
-use crate::UpstreamClient;
+use crate::state::{RoutingState, Upstream};
 use bytes::Bytes;
 use http_body_util::Full;
 use router_core::{HealthMachine, HealthTransition};
@@ -62,7 +61,7 @@ pub fn spawn(
                 _ = tick.tick() => {
                     for up in state.topology().upstreams.iter() {
                         let url = up.url.clone();
-                        let uri = format!("http://{}{}{}", up.authority, up.base, cfg.path);
+                        let uri = format!("http://{}{}", up.authority, cfg.path);
                         let client = client.clone();
                         let tx = probe_tx.clone();
                         let timeout = Duration::from_millis(cfg.timeout_ms);

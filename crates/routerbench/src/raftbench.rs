@@ -4,7 +4,7 @@
 //! and the clock stops when all three have applied everything.
 
 use crate::procs::free_port;
-use router_cluster::node::{ClusterNode, NodeConfig};
+use router_cluster::{ClusterNode, NodeConfig, RaftTunables};
 use router_core::{Command, Route};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -57,11 +57,11 @@ pub async fn run(a: RaftArgs) -> anyhow::Result<()> {
                     listen: *addr,
                     data_dir: dir.join(format!("n{id}")),
                     cluster_id: "bench".into(),
-                    heartbeat_ms: 100,
-                    election_min_ms: 300,
-                    election_max_ms: 600,
-                    snapshot_every: 5000,
-                    keep_logs: 1000,
+                    raft: RaftTunables {
+                        election_min_ms: 300,
+                        election_max_ms: 600,
+                        ..RaftTunables::default()
+                    },
                     max_entries: 50_000_000,
                     max_sessions: 1_000_000,
                     tls: None,
@@ -71,10 +71,10 @@ pub async fn run(a: RaftArgs) -> anyhow::Result<()> {
             .await?,
         );
     }
-    let members: BTreeMap<u64, openraft::BasicNode> = addrs
+    let members: BTreeMap<u64, String> = addrs
         .iter()
         .enumerate()
-        .map(|(i, a)| (i as u64 + 1, openraft::BasicNode::new(a.to_string())))
+        .map(|(i, a)| (i as u64 + 1, a.to_string()))
         .collect();
     nodes[0].initialize(members).await?;
     let t = Instant::now();
@@ -84,7 +84,7 @@ pub async fn run(a: RaftArgs) -> anyhow::Result<()> {
     }
     let joined = nodes[0]
         .propose(Command::JoinServer {
-            url: "http://bench".into(),
+            url: "http://bench:80".into(),
             ranks: 16,
             capacity_tokens: 10_000_000,
             weight: 1.0,
@@ -202,11 +202,11 @@ pub async fn run(a: RaftArgs) -> anyhow::Result<()> {
         drop(image);
         (st.machine.model().stats(), clone_ms, export_ms)
     };
-    let s = &nodes[0].stats;
+    let s = nodes[0].snapshot_stats();
     println!(
         "snapshots: {} built here, last {:.1} MB; a build holds the state lock {:.1} ms (clone; exporting the same state takes {:.1} ms, outside the lock)",
-        s.snapshots_built.load(std::sync::atomic::Ordering::Relaxed),
-        s.snapshot_bytes.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e6,
+        s.built,
+        s.bytes as f64 / 1e6,
         clone_ms,
         export_ms
     );

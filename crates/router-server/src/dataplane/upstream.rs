@@ -101,11 +101,6 @@ impl Pool {
         })
     }
 
-    /// Idle connections held now (all upstreams).
-    pub fn idle_count(&self) -> usize {
-        self.lock().values().map(VecDeque::len).sum()
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, VecDeque<Idle>>> {
         // The map holds no invariant a panic could break half way.
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)

@@ -1,27 +1,14 @@
 //! Routing quality through the real `router` binary: stickiness, spread, the per-rank
 //! cache model, data-parallel ranks.
 
-use router_tests::engine::fleet;
 use router_tests::*;
 use std::collections::{HashMap, HashSet};
 
-fn upstreams_toml(urls: &[String], extra: &str) -> String {
-    let mut s = String::new();
-    for u in urls {
-        s.push_str(&format!("[[upstreams]]\nurl = \"{u}\"\n{extra}\n"));
-    }
-    s
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conversations_stick_for_20_turns_and_spread() {
-    let engines = fleet(4).await;
-    let urls: Vec<String> = engines.iter().map(|e| e.url()).collect();
-    let addr = free_addr();
-    let dir = TempDir::new("sticky");
-    let toml = format!("listen = \"{addr}\"\n{}", upstreams_toml(&urls, ""));
-    let _r = start_router(&dir, &toml, &[], addr).await;
-    let url = format!("http://{addr}/v1/chat/completions");
+    let r = router("sticky").engines(4).start().await;
+    let addr = r.addr;
+    let url = r.url("/v1/chat/completions");
     let mut convs: Vec<Conversation> = (0..8).map(|i| Conversation::new(100 + i, 6000)).collect();
     let mut ranks: Vec<Vec<String>> = vec![Vec::new(); convs.len()];
     for _turn in 0..20 {
@@ -59,17 +46,14 @@ fn metric(text: &str, name: &str) -> u64 {
 /// against a little load), and is treated as cold once its rank's modelled LRU has evicted it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cache_model_moves_conversation_only_after_eviction() {
-    let engines = fleet(2).await;
-    let urls: Vec<String> = engines.iter().map(|e| e.url()).collect();
-    let addr = free_addr();
-    let dir = TempDir::new("evict");
     // 2 KiB chunks = 512 tokens; 4096 tokens = 8 chunks per rank.
-    let toml = format!(
-        "listen = \"{addr}\"\n{}",
-        upstreams_toml(&urls, "capacity_tokens = 4096")
-    );
-    let _r = start_router(&dir, &toml, &[], addr).await;
-    let url = format!("http://{addr}/v1/chat/completions");
+    let r = router("evict")
+        .engines(2)
+        .per_upstream("capacity_tokens = 4096")
+        .start()
+        .await;
+    let addr = r.addr;
+    let url = r.url("/v1/chat/completions");
     let mut a = Conversation::new(1, 5000);
     let first = post(&url, &a.body("m", false), &[]).await;
     let home = first.header("x-router-rank").unwrap();
@@ -126,15 +110,13 @@ async fn cache_model_moves_conversation_only_after_eviction() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routed_dp_rank_is_set_last_and_sticky() {
-    let engines = fleet(1).await;
-    let addr = free_addr();
-    let dir = TempDir::new("dp");
-    let toml = format!(
-        "listen = \"{addr}\"\n[[upstreams]]\nurl = \"{}\"\nranks = 4\n",
-        engines[0].url()
-    );
-    let _r = start_router(&dir, &toml, &[], addr).await;
-    let url = format!("http://{addr}/v1/chat/completions");
+    let r = router("dp")
+        .engines(1)
+        .per_upstream("ranks = 4")
+        .start()
+        .await;
+    let engines = &r.engines;
+    let url = r.url("/v1/chat/completions");
     let mut seen: HashMap<u64, HashSet<u64>> = HashMap::new();
     for c in 0..6u64 {
         let mut conv = Conversation::new(40 + c, 5000);

@@ -3,20 +3,19 @@
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use router_tests::engine::fleet;
 use router_tests::*;
 use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_key_is_enforced_and_not_forwarded() {
-    let engines = fleet(1).await;
-    let addr = free_addr();
-    let dir = TempDir::new("apikey");
-    let toml = format!(
-        "listen = \"{addr}\"\nupstream_token = \"up-token\"\n[[upstreams]]\nurl = \"{}\"\n",
-        engines[0].url()
-    );
-    let _p = start_router(&dir, &toml, &[("ROUTER_API_KEY", "s3cret-key")], addr).await;
+    let r = router("apikey")
+        .engines(1)
+        .key("upstream_token = \"up-token\"")
+        .env("ROUTER_API_KEY", "s3cret-key")
+        .start()
+        .await;
+    let (addr, engines) = (r.addr, &r.engines);
     let url = format!("http://{addr}/v1/chat/completions");
     let body = Conversation::new(1, 100).body("m", false);
     for h in [
@@ -56,20 +55,23 @@ async fn api_key_is_enforced_and_not_forwarded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_client_port() {
-    let engines = fleet(1).await;
-    let addr = free_addr();
     let dir = TempDir::new("tls");
     let ck =
         rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
     std::fs::write(dir.path("cert.pem"), ck.cert.pem()).unwrap();
     std::fs::write(dir.path("key.pem"), ck.signing_key.serialize_pem()).unwrap();
-    let toml = format!(
-        "listen = \"{addr}\"\n[tls]\ncert = \"{}\"\nkey = \"{}\"\n[[upstreams]]\nurl = \"{}\"\n",
+    let tls = format!(
+        "[tls]\ncert = \"{}\"\nkey = \"{}\"",
         dir.path("cert.pem").display(),
         dir.path("key.pem").display(),
-        engines[0].url()
     );
-    let _p = start_router(&dir, &toml, &[], addr).await;
+    let r = router("tls")
+        .engines(1)
+        .table(&tls)
+        .in_dir(dir)
+        .start()
+        .await;
+    let addr = r.addr;
 
     let mut roots = rustls::RootCertStore::empty();
     roots.add(ck.cert.der().clone()).unwrap();
@@ -98,15 +100,33 @@ async fn tls_client_port() {
     let b = resp.into_body().collect().await.unwrap().to_bytes();
     assert!(String::from_utf8_lossy(&b).contains("reply from e0"));
 
-    // Plain HTTP to the TLS port does not get through.
-    let plain = tokio::time::timeout(
+    // Plain HTTP to the TLS port gets no HTTP answer at all: the TLS layer refuses the
+    // bytes (an alert or a close), and the port still serves TLS afterwards.
+    let mut plain = tokio::net::TcpStream::connect(addr).await.unwrap();
+    plain
+        .write_all(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(
         std::time::Duration::from_secs(5),
-        client().request(
-            http::Request::get(format!("http://{addr}/health"))
-                .body(Full::new(Bytes::new()))
-                .unwrap(),
-        ),
+        plain.read_to_end(&mut got),
     )
     .await;
-    assert!(!matches!(plain, Ok(Ok(ref r)) if r.status() == 200));
+    assert!(read.is_ok(), "the TLS port kept a plaintext client hanging");
+    assert!(
+        !got.starts_with(b"HTTP/"),
+        "the TLS port answered plaintext HTTP: {:?}",
+        String::from_utf8_lossy(&got)
+    );
+    assert!(
+        got.is_empty() || got[0] == 0x15,
+        "expected a TLS alert or a close, got {got:?}"
+    );
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    connector
+        .connect(name, tcp)
+        .await
+        .expect("TLS still served after a plaintext client");
 }

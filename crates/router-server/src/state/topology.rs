@@ -1,9 +1,10 @@
 //! The upstream servers and their ranks, as an immutable snapshot that request threads read
 //! without locks; live counters are atomics shared across snapshots.
 
-use crate::config::{parse_upstream_url, UpstreamConfig};
+use crate::config::UpstreamConfig;
 use http::HeaderValue;
-use router_core::{Candidate, RankId};
+use router_core::machine::Server;
+use router_core::{parse_upstream_url, Candidate, RankId};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64;
@@ -11,12 +12,10 @@ use xxhash_rust::xxh3::xxh3_64;
 /// One engine server (one URL).
 #[derive(Debug)]
 pub struct Upstream {
-    /// Base URL as configured.
+    /// Base URL, normalized (`http://host:port`).
     pub url: Arc<str>,
     /// `host:port`.
     pub authority: Arc<str>,
-    /// Path prefix (usually empty).
-    pub base: String,
     /// `Host` header sent upstream (the authority).
     pub host: HeaderValue,
     /// `x-router-upstream` response header (the URL), made once rather than per response.
@@ -31,16 +30,18 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    /// A new, healthy, accepting upstream at `url` (already validated by the config).
+    /// A new, healthy, accepting upstream at `url` (validated before it got here: by the
+    /// config or by the state machine, which holds only normalized URLs).
     pub fn new(url: &str) -> Upstream {
-        let url = url.trim_end_matches('/');
-        let (authority, base) = parse_upstream_url(url).unwrap_or_default();
+        let (url, authority) = match parse_upstream_url(url) {
+            Ok(u) => (u.url, u.authority),
+            Err(_) => (url.to_owned(), String::new()),
+        };
         Upstream {
             host: HeaderValue::from_str(&authority).unwrap_or(HeaderValue::from_static("")),
-            url_header: HeaderValue::from_str(url).unwrap_or(HeaderValue::from_static("")),
+            url_header: HeaderValue::from_str(&url).unwrap_or(HeaderValue::from_static("")),
             url: Arc::from(url),
             authority: Arc::from(authority),
-            base,
             up: AtomicBool::new(true),
             accepting: AtomicBool::new(true),
             suspect: AtomicBool::new(false),
@@ -83,7 +84,8 @@ pub struct RankState {
     pub inflight: AtomicU64,
     /// Requests sent here.
     pub requests: AtomicU64,
-    /// `x-router-rank` response header ([`RankState::label`]).
+    /// `x-router-rank` response header: `url`, or `url#dp` for one rank of a multi-rank
+    /// server.
     pub label_header: HeaderValue,
 }
 
@@ -115,11 +117,6 @@ impl RankState {
         }
     }
 
-    /// Label used in the response header and logs: `url` or `url#dp`.
-    pub fn label(&self) -> String {
-        label_of(&self.upstream.url, self.dp_rank)
-    }
-
     /// Relative speed.
     pub fn weight(&self) -> f64 {
         f64::from_bits(self.weight_bits.load(Relaxed))
@@ -131,7 +128,7 @@ impl RankState {
     }
 
     /// Whether this rank already says what `s` says about weight and capacity.
-    pub fn matches(&self, s: &router_core::machine::Server) -> bool {
+    pub fn matches(&self, s: &Server) -> bool {
         self.weight_bits.load(Relaxed) == s.weight.to_bits() && self.capacity() == s.capacity_tokens
     }
 
@@ -186,21 +183,17 @@ impl Topology {
     /// Builds the topology from the replicated server list, reusing the previous snapshot's
     /// upstreams and ranks (and so their live counters and health) where they still exist.
     pub fn from_servers(
-        servers: &std::collections::BTreeMap<String, router_core::machine::Server>,
+        servers: &std::collections::BTreeMap<String, Server>,
         prev: &Topology,
     ) -> Topology {
         let mut t = Topology::default();
         for s in servers.values() {
-            let old_up = prev
-                .upstreams
-                .iter()
-                .find(|u| &*u.url == s.url.trim_end_matches('/'));
+            let old_up = prev.upstreams.iter().find(|u| *u.url == *s.url);
             let up = match old_up {
                 Some(u) => u.clone(),
                 None => Arc::new(Upstream::new(&s.url)),
             };
-            up.accepting
-                .store(!s.draining, std::sync::atomic::Ordering::Relaxed);
+            up.accepting.store(!s.draining, Relaxed);
             let n = s.ranks.len() as u32;
             for (d, id) in s.ranks.iter().enumerate() {
                 if let Some(r) = prev
@@ -228,6 +221,20 @@ impl Topology {
         t
     }
 
+    /// Whether this topology already says what `servers` says (same URLs, rank ids,
+    /// weights, capacities and drain flags), so the apply path can skip a rebuild.
+    pub fn describes(&self, servers: &std::collections::BTreeMap<String, Server>) -> bool {
+        self.upstreams.len() == servers.len()
+            && servers.values().all(|s| {
+                self.upstreams.iter().any(|u| {
+                    *u.url == *s.url
+                        && u.accepting.load(Relaxed) != s.draining
+                        && self.ranks_of(u).map(|r| r.id).eq(s.ranks.iter().copied())
+                        && self.ranks_of(u).all(|r| r.matches(s))
+                })
+            })
+    }
+
     /// Ranks of one upstream.
     pub fn ranks_of<'a>(
         &'a self,
@@ -242,7 +249,6 @@ impl Topology {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use router_core::machine::Server;
     use std::collections::BTreeMap;
 
     fn servers(weight: f64, capacity: u64) -> BTreeMap<String, Server> {
@@ -272,5 +278,8 @@ mod tests {
         assert_eq!(b.ranks[1].capacity(), 4000);
         assert!(b.ranks[0].matches(&servers(2.5, 4000)["http://127.0.0.1:9001"]));
         assert!(!b.ranks[0].matches(&servers(1.0, 4000)["http://127.0.0.1:9001"]));
+        assert!(b.describes(&servers(2.5, 4000)));
+        assert!(!b.describes(&servers(1.0, 4000)));
+        assert!(!b.describes(&BTreeMap::new()));
     }
 }

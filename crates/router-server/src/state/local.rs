@@ -1,57 +1,15 @@
-//! The routing state behind a narrow interface: the request path reads an immutable
-//! snapshot and hands its decision to a writer, never waiting for it.
-//!
-//! [`LocalState`] is the single-node implementation: one task owns the
-//! [`Machine`] (the same state machine a Raft log drives), applies decisions in batches as
-//! `RecordRoutes` commands and publishes a fresh [`IndexView`]
-//! after each batch. A replicated implementation proposes the same records to a Raft log
-//! instead and publishes what the log applies.
+//! The single-node routing state: one task owns the [`Machine`] (the same state machine a
+//! Raft log drives), applies decisions in batches as `RecordRoutes` commands and publishes
+//! a fresh [`IndexView`] after each batch. The request path reads the published snapshot
+//! and hands its decisions over without waiting.
 
+use super::routing::{ChangeError, ChangeFuture, Changed, RoutingState};
+use super::topology::Topology;
 use crate::metrics::Metrics;
-use crate::topology::Topology;
 use arc_swap::{ArcSwap, Guard};
 use router_core::{Command, IndexStats, IndexView, Machine, Outcome, Route};
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
-
-/// An operator's change (join, leave, drain) on its way through the state.
-pub type ChangeFuture<'a> = Pin<Box<dyn Future<Output = Result<Changed, String>> + Send + 'a>>;
-
-/// The cluster section of `/health` (None for a single router).
-pub type StatusFuture<'a> = Pin<Box<dyn Future<Output = Option<serde_json::Value>> + Send + 'a>>;
-
-/// A change that took effect.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Changed {
-    /// What the state machine said.
-    pub outcome: Outcome,
-    /// Where it is visible (e.g. which peers confirmed it).
-    pub note: String,
-}
-
-/// What the data plane needs from the routing state.
-pub trait RoutingState: Send + Sync + 'static {
-    /// The current index snapshot (lock-free; the guard is cheapest when not held across
-    /// an await).
-    fn view(&self) -> Guard<Arc<IndexView>>;
-    /// The current topology snapshot (lock-free).
-    fn topology(&self) -> Guard<Arc<Topology>>;
-    /// Remembers a decision; never blocks (a full queue drops and counts).
-    fn record(&self, rec: Route);
-    /// Index counters for metrics.
-    fn index_stats(&self) -> IndexStats;
-    /// Raft status when clustered.
-    fn cluster_status(&self) -> StatusFuture<'_> {
-        Box::pin(async { None })
-    }
-    /// Applies an operator's command (join, leave, drain). Returns once this router routes
-    /// by it (and, clustered, once every reachable peer does).
-    fn change(&self, cmd: Command) -> ChangeFuture<'_>;
-    /// Appends state-specific metrics (Raft) in Prometheus text.
-    fn render_metrics(&self, _out: &mut String) {}
-}
 
 type ChangeMsg = (Command, oneshot::Sender<Outcome>);
 
@@ -183,14 +141,109 @@ impl RoutingState for LocalState {
             self.changes
                 .send((cmd, tx))
                 .await
-                .map_err(|_| "the routing state stopped".to_string())?;
-            let outcome = rx
-                .await
-                .map_err(|_| "the routing state stopped".to_string())?;
+                .map_err(|_| ChangeError::Stopped)?;
+            let outcome = rx.await.map_err(|_| ChangeError::Stopped)?;
             Ok(Changed {
                 outcome,
-                note: "applied on this router".into(),
+                index: None,
+                confirmed: Vec::new(),
+                unconfirmed: Vec::new(),
             })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::UpstreamConfig;
+    use router_core::Rejection;
+    use std::time::Duration;
+
+    fn state(queue_metrics: &Arc<Metrics>) -> Arc<LocalState> {
+        let ups = [
+            UpstreamConfig::from_url("http://127.0.0.1:9001"),
+            UpstreamConfig::from_url("http://127.0.0.1:9002"),
+        ];
+        LocalState::start(
+            Topology::from_config(&ups, 1_000_000),
+            100_000,
+            1000,
+            queue_metrics.clone(),
+        )
+    }
+
+    fn route(rank: u32, base: u64) -> Route {
+        Route {
+            rank,
+            hashes: (base..base + 4).collect(),
+            chunk_tokens: vec![512; 4],
+            session: Some(base),
+        }
+    }
+
+    async fn until(what: &str, f: impl Fn() -> bool) {
+        for _ in 0..200 {
+            if f() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("{what}");
+    }
+
+    #[tokio::test]
+    async fn recorded_decisions_reach_the_published_view() {
+        let m = Arc::new(Metrics::default());
+        let s = state(&m);
+        assert_eq!(s.view().session(7), None);
+        s.record(route(1, 7));
+        until("the decision is visible", || s.view().session(7) == Some(1)).await;
+        assert_eq!(s.index_stats().entries, 4);
+        // Many at once: all applied, the published stats follow.
+        for b in 0..100u64 {
+            s.record(route((b % 2) as u32, 1000 + b * 10));
+        }
+        until("a burst is applied", || s.index_stats().entries == 404).await;
+    }
+
+    #[tokio::test]
+    async fn changes_update_the_topology_and_rejections_are_typed() {
+        let m = Arc::new(Metrics::default());
+        let s = state(&m);
+        let c = s
+            .change(Command::JoinServer {
+                url: "http://127.0.0.1:9003".into(),
+                ranks: 2,
+                capacity_tokens: 5000,
+                weight: 1.0,
+            })
+            .await
+            .unwrap();
+        assert_eq!(c.outcome, Outcome::Joined(vec![2, 3]));
+        assert_eq!(c.index, None);
+        let t = s.topology();
+        assert_eq!(t.upstreams.len(), 3);
+        assert_eq!(t.ranks.len(), 4);
+        assert_eq!(t.ranks[3].dp_rank, Some(1));
+        drop(t);
+        let c = s
+            .change(Command::LeaveServer {
+                url: "http://127.0.0.1:9999".into(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            c.outcome,
+            Outcome::Rejected(Rejection::UnknownServer("http://127.0.0.1:9999".into()))
+        );
+        s.change(Command::DrainServer {
+            url: "http://127.0.0.1:9001".into(),
+            draining: true,
+        })
+        .await
+        .unwrap();
+        assert!(!s.topology().ranks[0].eligible());
+        assert!(s.topology().ranks[1].eligible());
     }
 }

@@ -1,23 +1,21 @@
 //! Upstream failures: before the first byte the request goes elsewhere; after it the client
 //! is told; with nothing healthy the client gets a 503.
 
-use router_tests::engine::fleet;
 use router_tests::*;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_upstream_is_retried_before_first_byte() {
-    let engines = fleet(1).await;
     let dead = free_addr(); // nothing listens here
-    let addr = free_addr();
-    let dir = TempDir::new("retry");
-    let toml = format!(
-        "listen = \"{addr}\"\n[health]\ninterval_ms = 60000\n[[upstreams]]\nurl = \"http://{dead}\"\n[[upstreams]]\nurl = \"{}\"\n",
-        engines[0].url()
-    );
-    let _r = start_router(&dir, &toml, &[], addr).await;
-    let url = format!("http://{addr}/v1/chat/completions");
+    let r = router("retry")
+        .engines(1)
+        .table("[health]\ninterval_ms = 60000")
+        .upstream(&format!("http://{dead}"))
+        .start()
+        .await;
+    let (addr, engines) = (r.addr, &r.engines);
+    let url = r.url("/v1/chat/completions");
     for i in 0..6 {
         let r = post(&url, &Conversation::new(i, 3000).body("m", i % 2 == 0), &[]).await;
         assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
@@ -44,17 +42,14 @@ async fn dead_upstream_is_retried_before_first_byte() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_503_is_retried_and_all_failing_gives_502() {
-    let engines = fleet(2).await;
+    let r = router("503")
+        .engines(2)
+        .table("[health]\ninterval_ms = 60000\nfall = 100")
+        .start()
+        .await;
+    let engines = &r.engines;
     engines[0].state.force_status.store(503, Relaxed);
-    let addr = free_addr();
-    let dir = TempDir::new("503");
-    let toml = format!(
-        "listen = \"{addr}\"\n[health]\ninterval_ms = 60000\nfall = 100\n[[upstreams]]\nurl = \"{}\"\n[[upstreams]]\nurl = \"{}\"\n",
-        engines[0].url(),
-        engines[1].url()
-    );
-    let _r = start_router(&dir, &toml, &[], addr).await;
-    let url = format!("http://{addr}/v1/chat/completions");
+    let url = r.url("/v1/chat/completions");
     for i in 0..4 {
         let r = post(&url, &Conversation::new(i, 100).body("m", false), &[]).await;
         assert_eq!(r.status, 200);
@@ -76,12 +71,12 @@ async fn status_503_is_retried_and_all_failing_gives_502() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_healthy_upstream_gives_503() {
     let dead = free_addr();
-    let addr = free_addr();
-    let dir = TempDir::new("nohealthy");
-    let toml = format!(
-        "listen = \"{addr}\"\n[health]\ninterval_ms = 50\ntimeout_ms = 50\nfall = 1\n[[upstreams]]\nurl = \"http://{dead}\"\n"
-    );
-    let _r = start_router(&dir, &toml, &[], addr).await;
+    let r = router("nohealthy")
+        .table("[health]\ninterval_ms = 50\ntimeout_ms = 50\nfall = 1")
+        .upstream(&format!("http://{dead}"))
+        .start()
+        .await;
+    let addr = r.addr;
     tokio::time::sleep(Duration::from_millis(400)).await;
     let h = send("GET", &format!("http://{addr}/health"), "", &[]).await;
     assert_eq!(h.status, 503);
@@ -96,21 +91,86 @@ async fn no_healthy_upstream_gives_503() {
     assert_eq!(r.json()["error"]["code"], "no_healthy_upstream");
 }
 
+/// Active probes take an upstream whose health check fails out of rotation (requests go
+/// to the other one, or get a 503 when none is left) and bring it back once it passes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn health_probes_bring_upstream_back() {
-    let engines = fleet(1).await;
-    let addr = free_addr();
-    let dir = TempDir::new("probe");
-    let toml = format!(
-        "listen = \"{addr}\"\n[health]\ninterval_ms = 50\n[[upstreams]]\nurl = \"{}\"\n",
-        engines[0].url()
+async fn health_probes_take_an_upstream_out_and_bring_it_back() {
+    let r = router("probe")
+        .engines(2)
+        .table("[health]\ninterval_ms = 50\nfall = 2\nrise = 2")
+        .start()
+        .await;
+    let e = &r.engines;
+    let health = || async { send("GET", &r.url("/health"), "", &[]).await };
+    let up_of = |h: &Reply, i: usize| h.json()["upstreams"][i]["up"].as_bool().unwrap();
+    let wait = |what: &'static str, f: fn(&Reply) -> bool| {
+        let health = &health;
+        async move {
+            for _ in 0..100 {
+                if f(&health().await) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            panic!("{what}: {}", health().await.json());
+        }
+    };
+    let h = health().await;
+    assert_eq!((h.status, h.json()["status"].clone()), (200, "ok".into()));
+    assert!(e[0].state.probes.load(Relaxed) >= 1);
+
+    // e0's health check fails: it is marked down, and new requests all go to e1.
+    e[0].state.health_status.store(500, Relaxed);
+    wait("e0 marked down", |h| {
+        h.json()["upstreams"][0]["up"] == false && h.json()["status"] == "degraded"
+    })
+    .await;
+    assert!(up_of(&health().await, 1));
+    let before = e[0].count();
+    for i in 0..6 {
+        let r = post(
+            &r.url("/v1/chat/completions"),
+            &Conversation::new(500 + i, 500).body("m", false),
+            &[],
+        )
+        .await;
+        assert_eq!(r.header("x-engine").as_deref(), Some("e1"));
+    }
+    assert_eq!(
+        e[0].count(),
+        before,
+        "a request reached the upstream marked down"
     );
-    let _r = start_router(&dir, &toml, &[], addr).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(engines[0].state.probes.load(Relaxed) >= 2);
-    let h = send("GET", &format!("http://{addr}/health"), "", &[]).await;
-    assert_eq!(h.status, 200);
-    assert_eq!(h.json()["status"], "ok");
+
+    // Both down: 503 on /health and on requests.
+    e[1].state.health_status.store(503, Relaxed);
+    wait("both down", |h| {
+        h.status == 503 && h.json()["status"] == "unavailable"
+    })
+    .await;
+    let x = post(
+        &r.url("/v1/chat/completions"),
+        &Conversation::new(600, 500).body("m", false),
+        &[],
+    )
+    .await;
+    assert_eq!(x.status, 503);
+    assert_eq!(x.json()["error"]["code"], "no_healthy_upstream");
+
+    // Probes pass again: both come back and serve.
+    e[0].state.health_status.store(0, Relaxed);
+    e[1].state.health_status.store(0, Relaxed);
+    wait("both back", |h| {
+        h.status == 200 && h.json()["status"] == "ok"
+    })
+    .await;
+    let x = post(
+        &r.url("/v1/chat/completions"),
+        &Conversation::new(700, 500).body("m", false),
+        &[],
+    )
+    .await;
+    assert_eq!(x.status, 200);
 }
 
 /// Upstream connections are pooled: sequential requests share one; a connection the
@@ -124,14 +184,14 @@ async fn upstream_connections_are_reused_and_closed_ones_never_fail() {
         Some(Duration::from_millis(1000)),
     )
     .await;
-    let addr = free_addr();
-    let dir = TempDir::new("pool");
-    let toml = format!(
-        "listen = \"{addr}\"\nworkers = 1\n[health]\ninterval_ms = 60000\n[[upstreams]]\nurl = \"{}\"\n",
-        engine.url()
-    );
-    let _r = start_router(&dir, &toml, &[], addr).await;
-    let url = format!("http://{addr}/v1/chat/completions");
+    let r = router("pool")
+        .with_engines(vec![engine])
+        .key("workers = 1")
+        .table("[health]\ninterval_ms = 60000")
+        .start()
+        .await;
+    let (addr, engine) = (r.addr, &r.engines[0]);
+    let url = r.url("/v1/chat/completions");
     let conns = || engine.state.connections.load(Relaxed);
     let before = conns();
     for i in 0..30 {
@@ -185,15 +245,15 @@ async fn upstream_connections_are_reused_and_closed_ones_never_fail() {
 /// below the engines' keep-alive, so it never reuses one the engine is closing).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_upstream_connections_expire() {
-    let engine = router_tests::engine::FakeEngine::start("e0").await;
-    let addr = free_addr();
-    let dir = TempDir::new("pool-idle");
-    let toml = format!(
-        "listen = \"{addr}\"\nworkers = 1\n[timeouts]\nupstream_idle_ms = 1000\n[health]\ninterval_ms = 60000\n[[upstreams]]\nurl = \"{}\"\n",
-        engine.url()
-    );
-    let _r = start_router(&dir, &toml, &[], addr).await;
-    let url = format!("http://{addr}/v1/chat/completions");
+    let r = router("pool-idle")
+        .engines(1)
+        .key("workers = 1")
+        .table("[timeouts]\nupstream_idle_ms = 1000")
+        .table("[health]\ninterval_ms = 60000")
+        .start()
+        .await;
+    let engine = &r.engines[0];
+    let url = r.url("/v1/chat/completions");
     let conns = || engine.state.connections.load(Relaxed);
     let ok = |r: Reply| assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     ok(post(&url, &Conversation::new(1, 1000).body("m", false), &[]).await);

@@ -3,7 +3,6 @@
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use router_tests::engine::fleet;
 use router_tests::*;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
@@ -23,29 +22,15 @@ async fn open_stream(
     client().request(req).await.expect("request")
 }
 
-async fn setup(
-    extra: &str,
-) -> (
-    Vec<router_tests::engine::FakeEngine>,
-    std::net::SocketAddr,
-    Proc,
-    TempDir,
-) {
-    let engines = fleet(1).await;
-    let addr = free_addr();
-    let dir = TempDir::new("stream");
-    let toml = format!(
-        "listen = \"{addr}\"\n{extra}\n[[upstreams]]\nurl = \"{}\"\n",
-        engines[0].url()
-    );
-    let p = start_router(&dir, &toml, &[], addr).await;
-    (engines, addr, p, dir)
+/// One router in front of one fake engine; `table` adds config.
+async fn setup(table: &str) -> Running {
+    router("stream").engines(1).table(table).start().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_chunk_arrives_before_upstream_finishes() {
-    let (_e, addr, _p, _d) = setup("").await;
-    let url = format!("http://{addr}/v1/chat/completions");
+    let r = setup("").await;
+    let url = r.url("/v1/chat/completions");
     let body = Conversation::new(1, 2000).body("m", true);
     let t = Instant::now();
     let resp = open_stream(
@@ -84,8 +69,9 @@ async fn first_chunk_arrives_before_upstream_finishes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_disconnect_cancels_upstream() {
-    let (engines, addr, _p, _d) = setup("").await;
-    let url = format!("http://{addr}/v1/chat/completions");
+    let r = setup("").await;
+    let (addr, engines) = (r.addr, &r.engines);
+    let url = r.url("/v1/chat/completions");
     let resp = open_stream(
         &url,
         &Conversation::new(2, 100).body("m", true),
@@ -118,8 +104,9 @@ async fn client_disconnect_cancels_upstream() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failure_after_first_byte_is_reported() {
-    let (_e, addr, _p, _d) = setup("[timeouts]\nidle_stream_ms = 500").await;
-    let url = format!("http://{addr}/v1/chat/completions");
+    let r = setup("[timeouts]\nidle_stream_ms = 500").await;
+    let addr = r.addr;
+    let url = r.url("/v1/chat/completions");
     // The engine drops the connection after two chunks.
     let r = post(
         &url,
@@ -152,15 +139,8 @@ async fn failure_after_first_byte_is_reported() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn models_union_and_passthrough() {
-    let engines = fleet(2).await;
-    let addr = free_addr();
-    let dir = TempDir::new("models");
-    let toml = format!(
-        "listen = \"{addr}\"\n[[upstreams]]\nurl = \"{}\"\n[[upstreams]]\nurl = \"{}\"\n",
-        engines[0].url(),
-        engines[1].url()
-    );
-    let _p = start_router(&dir, &toml, &[], addr).await;
+    let r = router("models").engines(2).start().await;
+    let (addr, engines) = (r.addr, &r.engines);
     let r = send("GET", &format!("http://{addr}/v1/models"), "", &[]).await;
     assert_eq!(r.status, 200);
     let ids: Vec<String> = r.json()["data"]

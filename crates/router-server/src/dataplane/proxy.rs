@@ -1,62 +1,23 @@
-//! The request path: classify, authenticate, read and canonicalize the body, score, send
-//! with retries before the first byte, relay the response.
+//! The request path: read and canonicalize the body, score, send with retries before the
+//! first byte, relay the response.
 
-use crate::body::{full, LoadGuard, RelayBody, RespBody};
+use super::ctx::Ctx;
+use super::relay::{LoadGuard, RelayBody};
+use super::upstream::Lease;
 use crate::config::Config;
-use crate::error::ApiError;
-use crate::health::HealthReporter;
-use crate::metrics::{Metrics, Route, UpstreamSample};
-use crate::state::RoutingState;
-use crate::topology::{RankState, Upstream};
-use crate::upstream::{Lease, Pool};
-use crate::UpstreamClient;
+use crate::response::{ApiError, ErrorShape, RespBody};
+use crate::state::{RankState, Upstream};
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http::{header, HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use router_core::{
-    ct_eq, fingerprint_json, select, Candidate, CanonError, Endpoint, Fingerprints, Reason,
-    RouteInput,
+    fingerprint_json, select, Candidate, CanonError, Endpoint, Fingerprints, Reason, RouteInput,
 };
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use xxhash_rust::xxh3::xxh3_64;
-
-/// Shared by every connection.
-pub struct Ctx {
-    /// Validated config.
-    pub cfg: Arc<Config>,
-    /// Routing state.
-    pub state: Arc<dyn RoutingState>,
-    /// Pooled upstream client (health probes, `/v1/models`).
-    pub client: UpstreamClient,
-    /// This thread's upstream connections for proxied requests.
-    pub pool: Arc<Pool>,
-    /// Metrics.
-    pub metrics: Arc<Metrics>,
-    /// Passive health reports.
-    pub health: HealthReporter,
-    /// Tie-break rotation counter (shared by every data-plane thread).
-    pub tie: Arc<AtomicU64>,
-}
-
-impl Ctx {
-    /// The same context with its own upstream connection pool, for one data-plane thread
-    /// (a pool's connections are driven by the runtime that opened them; the shared client
-    /// serves only the main runtime's probes and `/v1/models`).
-    pub fn for_worker(&self) -> Ctx {
-        Ctx {
-            cfg: self.cfg.clone(),
-            state: self.state.clone(),
-            client: self.client.clone(),
-            pool: Pool::new(crate::pool_config(&self.cfg)),
-            metrics: self.metrics.clone(),
-            health: self.health.clone(),
-            tie: self.tie.clone(),
-        }
-    }
-}
 
 /// Headers that describe one hop, never forwarded.
 const HOP: [&str; 8] = [
@@ -72,109 +33,6 @@ const HOP: [&str; 8] = [
 
 fn is_hop(name: &header::HeaderName) -> bool {
     HOP.contains(&name.as_str()) || name == header::TRANSFER_ENCODING
-}
-
-/// Entry point for every client request.
-pub async fn handle(
-    ctx: Arc<Ctx>,
-    req: Request<Incoming>,
-    metrics_only: bool,
-) -> Response<RespBody> {
-    let path = req.uri().path().to_owned();
-    let route = match path.as_str() {
-        "/v1/chat/completions" => Route::Chat,
-        "/v1/completions" => Route::Completions,
-        "/v1/responses" => Route::Responses,
-        "/v1/messages" => Route::Messages,
-        "/v1/models" => Route::Models,
-        "/health" => Route::Health,
-        "/metrics" => Route::Metrics,
-        "/add_worker" | "/remove_worker" | "/list_workers" => Route::Admin,
-        p if p.starts_with("/v1/") => Route::Passthrough,
-        _ => Route::Other,
-    };
-    let resp = match dispatch(&ctx, req, route, &path, metrics_only).await {
-        Ok(r) => r,
-        Err(e) => {
-            if e.status.is_server_error() {
-                tracing::warn!(%path, status = e.status.as_u16(), message = %e.message, "request failed");
-            } else {
-                tracing::debug!(%path, status = e.status.as_u16(), message = %e.message, "request rejected");
-            }
-            e.into_response()
-        }
-    };
-    ctx.metrics.request(route, resp.status().as_u16());
-    resp
-}
-
-async fn dispatch(
-    ctx: &Arc<Ctx>,
-    req: Request<Incoming>,
-    route: Route,
-    path: &str,
-    metrics_only: bool,
-) -> Result<Response<RespBody>, ApiError> {
-    check_header_size(req.headers(), req.uri(), ctx.cfg.limits.max_header_bytes)?;
-    match route {
-        Route::Health => return Ok(health(ctx).await),
-        Route::Metrics => return Ok(metrics(ctx)),
-        _ if metrics_only => return Err(ApiError::not_found(path)),
-        Route::Admin => return crate::admin::http(ctx, req, path).await,
-        _ => {}
-    }
-    authorize(ctx, req.headers())?;
-    match route {
-        Route::Chat | Route::Completions | Route::Responses | Route::Messages => {
-            if req.method() != Method::POST {
-                return Err(ApiError::method_not_allowed(req.method(), path));
-            }
-            let ep = Endpoint::from_path(path).ok_or_else(|| ApiError::not_found(path))?;
-            inference(ctx, req, ep).await
-        }
-        Route::Models => {
-            if req.method() != Method::GET {
-                return Err(ApiError::method_not_allowed(req.method(), path));
-            }
-            models(ctx).await
-        }
-        Route::Passthrough => passthrough(ctx, req).await,
-        _ => Err(ApiError::not_found(path)),
-    }
-}
-
-fn check_header_size(h: &HeaderMap, uri: &http::Uri, limit: u64) -> Result<(), ApiError> {
-    // The request target as sent (origin form, or absolute form with scheme and authority).
-    let target = uri.path_and_query().map_or(1, |p| p.as_str().len())
-        + uri.authority().map_or(0, |a| a.as_str().len() + 3)
-        + uri.scheme_str().map_or(0, str::len);
-    let size: usize = target
-        + h.iter()
-            .map(|(k, v)| k.as_str().len() + v.len() + 4)
-            .sum::<usize>();
-    if size as u64 > limit {
-        return Err(ApiError::headers_too_large(limit));
-    }
-    Ok(())
-}
-
-fn authorize(ctx: &Ctx, h: &HeaderMap) -> Result<(), ApiError> {
-    let Some(key) = &ctx.cfg.api_key else {
-        return Ok(());
-    };
-    let presented = h
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .or_else(|| h.get("x-api-key").and_then(|v| v.to_str().ok()))
-        .map(str::trim);
-    match presented {
-        Some(p) if ct_eq(p.as_bytes(), key.as_bytes()) => Ok(()),
-        _ => Err(ApiError::unauthorized()),
-    }
 }
 
 async fn read_body(
@@ -241,7 +99,7 @@ fn session_of(h: &HeaderMap, body_sid: Option<&str>) -> Option<u64> {
         .map(|s| xxh3_64(s.as_bytes()))
 }
 
-async fn inference(
+pub async fn inference(
     ctx: &Arc<Ctx>,
     req: Request<Incoming>,
     ep: Endpoint,
@@ -293,6 +151,10 @@ async fn inference(
         "routed"
     );
     let total = fps.total_tokens;
+    let shape = match ep {
+        Endpoint::Messages => ErrorShape::Anthropic,
+        _ => ErrorShape::OpenAi,
+    };
     let mut first = true;
     send_with_retries(
         ctx,
@@ -310,6 +172,7 @@ async fn inference(
                 reason,
                 predicted_cached: cached,
                 dp_rank: rank.dp_rank,
+                shape,
             }
         },
     )
@@ -322,6 +185,8 @@ struct Plan {
     reason: Reason,
     predicted_cached: u64,
     dp_rank: Option<u32>,
+    /// How an error after the first byte is spelled in the stream.
+    shape: ErrorShape,
 }
 
 /// Sends to the ranks of `order` in turn until one answers. `record`: the prompt's
@@ -394,7 +259,7 @@ async fn send_with_retries(
                 });
             }
         }
-        return Ok(relay(ctx, resp, lease, guard, started, rank, p.reason));
+        return Ok(relay(ctx, resp, lease, guard, started, rank, &p));
     }
     Err(ApiError::upstream_failed(format!(
         "all {attempts} upstream attempts failed; last: {last_err}"
@@ -407,13 +272,10 @@ fn upstream_request(
     up: &Upstream,
     body: Bytes,
 ) -> Result<Request<Full<Bytes>>, ApiError> {
-    let uri = match (up.base.is_empty(), parts.uri.path_and_query()) {
-        (true, Some(pq)) => http::Uri::from(pq.clone()),
-        (_, pq) => format!("{}{}", up.base, pq.map_or("/", |p| p.as_str()))
-            .parse()
-            .map_err(|e| {
-                ApiError::bad_request("invalid_request", format!("cannot forward request: {e}"))
-            })?,
+    // Origin form: the engine serves at its root (upstream URLs carry no path).
+    let uri = match parts.uri.path_and_query() {
+        Some(pq) => http::Uri::from(pq.clone()),
+        None => http::Uri::from_static("/"),
     };
     let mut b = Request::builder().method(parts.method.clone()).uri(uri);
     let h = b
@@ -450,7 +312,7 @@ fn relay(
     guard: LoadGuard,
     started: Instant,
     rank: &RankState,
-    reason: Reason,
+    plan: &Plan,
 ) -> Response<RespBody> {
     let (mut parts, body) = resp.into_parts();
     let sse = parts
@@ -477,9 +339,10 @@ fn relay(
     parts
         .headers
         .insert("x-router-rank", rank.label_header.clone());
-    parts
-        .headers
-        .insert("x-router-reason", HeaderValue::from_static(reason.label()));
+    parts.headers.insert(
+        "x-router-reason",
+        HeaderValue::from_static(plan.reason.label()),
+    );
     let relay = RelayBody::new(
         body,
         lease,
@@ -488,147 +351,13 @@ fn relay(
         guard,
         ctx.metrics.clone(),
         started,
+        plan.shape,
     );
     Response::from_parts(parts, http_body_util::BodyExt::boxed_unsync(relay))
 }
 
-/// A JSON response with `status`.
-pub fn json_response(status: StatusCode, v: &serde_json::Value) -> Response<RespBody> {
-    let mut r = Response::new(full(serde_json::to_vec(v).unwrap_or_default()));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    r
-}
-
-async fn health(ctx: &Ctx) -> Response<RespBody> {
-    let topo = ctx.state.topology();
-    let total = topo.upstreams.len();
-    let up = topo.upstreams.iter().filter(|u| u.up.load(Relaxed)).count();
-    let (status, code) = if total > 0 && up == total {
-        ("ok", StatusCode::OK)
-    } else if up > 0 {
-        ("degraded", StatusCode::OK)
-    } else {
-        ("unavailable", StatusCode::SERVICE_UNAVAILABLE)
-    };
-    let ups: Vec<serde_json::Value> = topo
-        .upstreams
-        .iter()
-        .map(|u| {
-            let inflight: u64 = topo.ranks_of(u).map(|r| r.inflight.load(Relaxed)).sum();
-            serde_json::json!({"url": &*u.url, "up": u.up.load(Relaxed), "accepting": u.accepting.load(Relaxed), "inflight": inflight})
-        })
-        .collect();
-    let mut body = serde_json::json!({"status": status, "upstreams_up": up, "upstreams_total": total, "upstreams": ups});
-    if let Some(c) = ctx.state.cluster_status().await {
-        body["cluster"] = c;
-    }
-    json_response(code, &body)
-}
-
-fn metrics(ctx: &Ctx) -> Response<RespBody> {
-    let topo = ctx.state.topology();
-    let samples: Vec<UpstreamSample> = topo
-        .upstreams
-        .iter()
-        .map(|u| {
-            let mut s = UpstreamSample {
-                url: u.url.to_string(),
-                up: u.up.load(Relaxed),
-                inflight: 0,
-                queued_prefill: 0,
-                decodes: 0,
-                requests: 0,
-            };
-            for r in topo.ranks_of(u) {
-                s.inflight += r.inflight.load(Relaxed);
-                s.queued_prefill += r.queued_prefill.load(Relaxed);
-                s.decodes += r.decodes.load(Relaxed);
-                s.requests += r.requests.load(Relaxed);
-            }
-            s
-        })
-        .collect();
-    let mut extra = String::new();
-    ctx.state.render_metrics(&mut extra);
-    let text = ctx
-        .metrics
-        .render(&samples, &ctx.state.index_stats(), &extra);
-    let mut r = Response::new(full(text));
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-    );
-    r
-}
-
-/// `GET /v1/models`: the union of every healthy upstream's list, by model id.
-async fn models(ctx: &Arc<Ctx>) -> Result<Response<RespBody>, ApiError> {
-    let topo = ctx.state.topology();
-    let ups: Vec<_> = topo
-        .upstreams
-        .iter()
-        .filter(|u| u.up.load(Relaxed))
-        .cloned()
-        .collect();
-    if ups.is_empty() {
-        return Err(ApiError::no_upstream());
-    }
-    let timeout = Duration::from_millis(ctx.cfg.health.timeout_ms.max(ctx.cfg.timeouts.connect_ms));
-    let futs = ups.iter().map(|u| {
-        let uri = format!("http://{}{}/v1/models", u.authority, u.base);
-        let client = ctx.client.clone();
-        let token = ctx.cfg.upstream_token.clone();
-        async move {
-            let mut b = Request::get(uri);
-            if let Some(t) = token {
-                b = b.header(header::AUTHORIZATION, format!("Bearer {t}"));
-            }
-            let req = b.body(Full::new(Bytes::new())).ok()?;
-            let resp = tokio::time::timeout(timeout, client.request(req))
-                .await
-                .ok()?
-                .ok()?;
-            if !resp.status().is_success() {
-                return None;
-            }
-            let bytes =
-                tokio::time::timeout(timeout, Limited::new(resp.into_body(), 8 << 20).collect())
-                    .await
-                    .ok()?
-                    .ok()?
-                    .to_bytes();
-            serde_json::from_slice::<serde_json::Value>(&bytes).ok()
-        }
-    });
-    let lists = futures_util::future::join_all(futs).await;
-    let mut seen = std::collections::BTreeMap::new();
-    let mut answered = 0;
-    for l in lists.into_iter().flatten() {
-        answered += 1;
-        if let Some(data) = l.get("data").and_then(|d| d.as_array()) {
-            for m in data {
-                if let Some(id) = m.get("id").and_then(|i| i.as_str()) {
-                    seen.entry(id.to_owned()).or_insert_with(|| m.clone());
-                }
-            }
-        }
-    }
-    if answered == 0 {
-        return Err(ApiError::upstream_failed("no upstream answered /v1/models"));
-    }
-    let data: Vec<serde_json::Value> = seen.into_values().collect();
-    Ok(json_response(
-        StatusCode::OK,
-        &serde_json::json!({"object": "list", "data": data}),
-    ))
-}
-
 /// Other `/v1/*`: to the least-loaded healthy upstream, with the same retry rules.
-async fn passthrough(
+pub async fn passthrough(
     ctx: &Arc<Ctx>,
     req: Request<Incoming>,
 ) -> Result<Response<RespBody>, ApiError> {
@@ -658,6 +387,7 @@ async fn passthrough(
         reason: Reason::Load,
         predicted_cached: 0,
         dp_rank: None,
+        shape: ErrorShape::OpenAi,
     })
     .await
 }

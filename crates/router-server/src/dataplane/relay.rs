@@ -1,13 +1,12 @@
 //! Response bodies: small fixed ones, and the relay that streams an upstream response to
 //! the client frame by frame, with an idle timeout, load accounting and usage scanning.
 
+use super::upstream::Lease;
 use crate::metrics::Metrics;
-use crate::topology::RankState;
-use crate::upstream::Lease;
+use crate::response::{error_json, BoxError, ErrorShape};
+use crate::state::RankState;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Full};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
@@ -15,16 +14,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::time::Sleep;
-
-/// Boxed error for bodies.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-/// Every response body the router sends.
-pub type RespBody = UnsyncBoxBody<Bytes, BoxError>;
-
-/// A complete body.
-pub fn full(b: impl Into<Bytes>) -> RespBody {
-    Full::new(b.into()).map_err(|e| match e {}).boxed_unsync()
-}
 
 /// One request's share of a rank's load: counted as queued prefill until the first byte,
 /// then as a running decode, and released when dropped (completion, error or disconnect).
@@ -184,6 +173,7 @@ pub struct RelayBody {
     started: Instant,
     first_seen: bool,
     sse: bool,
+    shape: ErrorShape,
 }
 
 impl RelayBody {
@@ -197,6 +187,7 @@ impl RelayBody {
         guard: LoadGuard,
         metrics: Arc<Metrics>,
         started: Instant,
+        shape: ErrorShape,
     ) -> Self {
         RelayBody {
             inner,
@@ -214,6 +205,7 @@ impl RelayBody {
             started,
             first_seen: false,
             sse,
+            shape,
         }
     }
 
@@ -245,7 +237,7 @@ impl RelayBody {
         tracing::warn!(upstream = upstream.as_deref().unwrap_or("?"), code, %message, "upstream stream failed after first byte");
         self.end(false);
         if self.sse {
-            let err = serde_json::json!({"error": {"message": message, "type": "upstream_error", "code": code, "param": null}});
+            let err = error_json(self.shape, &message, "upstream_error", code, "api_error");
             let frame = format!("event: error\ndata: {err}\n\n");
             Poll::Ready(Some(Ok(Frame::data(Bytes::from(frame)))))
         } else {

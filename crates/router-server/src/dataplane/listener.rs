@@ -1,9 +1,9 @@
 //! Listeners: accept with a connection limit, optional TLS, HTTP/1.1 and HTTP/2 with a
 //! header-read timeout and a bounded header buffer, graceful drain on shutdown.
 
-use crate::body::RespBody;
-use crate::proxy::{handle, Ctx};
-use crate::upstream::Pool;
+use super::ctx::Ctx;
+use super::service::handle;
+use super::upstream::Pool;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -259,6 +259,3 @@ pub fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> anyhow::Re
     cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(cfg)))
 }
-
-/// Unused marker to keep the body type in one place for listeners.
-pub type Body = RespBody;

@@ -3,107 +3,31 @@
 //! hands its decisions to a proposer that batches them into `RecordRoutes` entries.
 //! Nothing on the request path waits for Raft or takes a lock.
 
-use crate::admin::AdminService;
+use super::overlay::Overlay;
+use super::routing::{ChangeError, ChangeFuture, Changed, ClusterView, RoutingState, StatusFuture};
+use super::topology::Topology;
 use crate::config::{ClusterConfig, Config};
 use crate::metrics::{Histogram, Metrics};
-use crate::state::{ChangeFuture, Changed, RoutingState, StatusFuture};
-use crate::topology::Topology;
 use arc_swap::{ArcSwap, Guard};
-use router_cluster::node::{ClusterNode, NodeConfig};
 use router_cluster::store::{OnApply, SmState};
 use router_cluster::tls::PeerTls;
+use router_cluster::{ClusterNode, NodeConfig};
 use router_core::machine::PeerLoad;
 use router_core::{Command, IndexStats, IndexView, Outcome, RankLoad, Route};
-use router_proto::v1::admin_server::AdminServer;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
 
-/// A batch proposed but not yet applied locally.
-struct Pending {
-    seq: u64,
-    routes: Vec<Route>,
-    /// Log index, once the proposal returned.
-    index: Option<u64>,
-}
-
 /// Views published for the request path.
+#[derive(Default)]
 struct Published {
-    /// What the log applied.
-    applied_view: ArcSwap<IndexView>,
-    /// `applied_view` plus pending decisions: what the request path reads.
-    view: ArcSwap<IndexView>,
+    overlay: Overlay,
     topology: ArcSwap<Topology>,
     stats: ArcSwap<IndexStats>,
     loads: ArcSwap<BTreeMap<u64, PeerLoad>>,
-    applied: AtomicU64,
-    /// Decisions proposed by this peer that the log has not applied here yet. Taken only
-    /// by the proposer and the apply task.
-    pending: Mutex<VecDeque<Pending>>,
-    pending_routes: AtomicU64,
-}
-
-impl Published {
-    fn lock_pending(&self) -> std::sync::MutexGuard<'_, VecDeque<Pending>> {
-        self.pending.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Adds decisions to batch `seq` and to the overlay view at once.
-    fn add_pending(&self, seq: u64, routes: Vec<Route>) {
-        let mut pending = self.lock_pending();
-        let view = self.view.load_full().overlay(routes.iter());
-        self.view.store(Arc::new(view));
-        self.pending_routes.fetch_add(routes.len() as u64, Relaxed);
-        match pending.iter_mut().find(|b| b.seq == seq) {
-            Some(b) => b.routes.extend(routes),
-            None => pending.push_back(Pending {
-                seq,
-                routes,
-                index: None,
-            }),
-        }
-    }
-
-    fn pending_routes_of(&self, seq: u64) -> Vec<Route> {
-        self.lock_pending()
-            .iter()
-            .find(|b| b.seq == seq)
-            .map(|b| b.routes.clone())
-            .unwrap_or_default()
-    }
-
-    /// Batch `seq` got log index `index` (None: dropped). Until the log applies it here it
-    /// stays in the overlay; if it already was applied (or was dropped), it leaves now.
-    fn settle(&self, seq: u64, index: Option<u64>) {
-        let mut pending = self.lock_pending();
-        let Some(k) = pending.iter().position(|b| b.seq == seq) else {
-            return;
-        };
-        match index {
-            Some(i) if i > self.applied.load(Relaxed) => pending[k].index = Some(i),
-            _ => {
-                pending.remove(k);
-                self.republish(&pending);
-            }
-        }
-    }
-
-    /// Recomputes the overlay view from the applied view and the pending batches.
-    fn republish(&self, pending: &VecDeque<Pending>) {
-        let base = self.applied_view.load_full();
-        let n: usize = pending.iter().map(|p| p.routes.len()).sum();
-        self.pending_routes.store(n as u64, Relaxed);
-        if n == 0 {
-            self.view.store(base);
-        } else {
-            self.view.store(Arc::new(
-                base.overlay(pending.iter().flat_map(|p| &p.routes)),
-            ));
-        }
-    }
 }
 
 /// Raft-side counters for `/metrics`.
@@ -123,6 +47,10 @@ pub struct ClusterState {
     tx: mpsc::Sender<Route>,
     metrics: Arc<Metrics>,
     counters: Arc<RaftCounters>,
+    /// The initial voters, for bootstrapping a new cluster in [`ClusterState::serve`].
+    peers: BTreeMap<u64, String>,
+    /// Servers from the config, joined through the log once there is a leader.
+    configured: Vec<Command>,
 }
 
 const QUEUE: usize = 65_536;
@@ -138,23 +66,14 @@ fn now_ms() -> u64 {
 }
 
 impl ClusterState {
-    /// Starts the peer, serves the peer and admin services, bootstraps membership and the
-    /// configured servers, and spawns the proposer and the load reporter.
+    /// Opens the peer (storage, Raft) and spawns the proposer and the load reporter.
+    /// Nothing is served until [`ClusterState::serve`].
     pub async fn start(
         cfg: &Config,
         c: &ClusterConfig,
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<Arc<ClusterState>> {
-        let published = Arc::new(Published {
-            applied_view: ArcSwap::from_pointee(IndexView::default()),
-            view: ArcSwap::from_pointee(IndexView::default()),
-            topology: ArcSwap::from_pointee(Topology::default()),
-            stats: ArcSwap::from_pointee(IndexStats::default()),
-            loads: ArcSwap::from_pointee(BTreeMap::new()),
-            applied: AtomicU64::new(0),
-            pending: Mutex::new(VecDeque::new()),
-            pending_routes: AtomicU64::new(0),
-        });
+        let published = Arc::new(Published::default());
         let counters = Arc::new(RaftCounters::default());
         let on_apply = on_apply(published.clone(), counters.clone(), c.node_id);
         let node = ClusterNode::open(
@@ -163,11 +82,7 @@ impl ClusterState {
                 listen: c.listen,
                 data_dir: c.data_dir.clone(),
                 cluster_id: c.cluster_id.clone(),
-                heartbeat_ms: c.heartbeat_ms,
-                election_min_ms: c.election_min_ms,
-                election_max_ms: c.election_max_ms,
-                snapshot_every: c.snapshot_every,
-                keep_logs: c.keep_logs,
+                raft: c.raft,
                 max_entries: cfg.cache.max_entries,
                 max_sessions: cfg.cache.max_sessions,
                 tls: c.tls.as_ref().map(|t| PeerTls {
@@ -181,67 +96,24 @@ impl ClusterState {
         .await?;
         let (tx, rx) = mpsc::channel(QUEUE);
         let state = Arc::new(ClusterState {
-            node: node.clone(),
+            node,
             published,
             tx,
             metrics,
             counters,
-        });
-        let admin = AdminService::new(
-            state.clone(),
-            cfg.admin_token.clone(),
-            cfg.cache.default_capacity_tokens,
-        );
-        node.serve(Some(tonic::service::Routes::new(AdminServer::new(admin))))
-            .await?;
-        // The lowest id makes the first membership of a new cluster; on a restarted or
-        // already formed cluster this is refused and harmless.
-        let lowest = c.peers.iter().map(|p| p.id).min().unwrap_or(c.node_id);
-        if lowest == c.node_id {
-            let members: BTreeMap<u64, openraft::BasicNode> = c
-                .peers
+            peers: c.peers.iter().map(|p| (p.id, p.addr.clone())).collect(),
+            configured: cfg
+                .upstreams
                 .iter()
-                .map(|p| (p.id, openraft::BasicNode::new(p.addr.clone())))
-                .collect();
-            // Spawned: initializing waits for the other peers, which may start later.
-            let n = node.clone();
-            tokio::spawn(async move {
-                if let Err(e) = n.initialize(members).await {
-                    tracing::error!(error = %e, "cluster initialization failed");
-                }
-            });
-        }
-        // Servers from the config join through the log (idempotent: same URL and ranks keep
-        // their ids), once there is a leader to take the write.
-        let joins: Vec<Command> = cfg
-            .upstreams
-            .iter()
-            .map(|u| Command::JoinServer {
-                url: u.url.trim_end_matches('/').to_owned(),
-                ranks: u.ranks,
-                capacity_tokens: u
-                    .capacity_tokens
-                    .unwrap_or(cfg.cache.default_capacity_tokens),
-                weight: u.weight,
-            })
-            .collect();
-        let n2 = node.clone();
-        tokio::spawn(async move {
-            for j in joins {
-                loop {
-                    match n2.propose(j.clone()).await {
-                        Ok(Outcome::Rejected(m)) => {
-                            tracing::error!(message = %m, "configured upstream rejected");
-                            break;
-                        }
-                        Ok(_) => break,
-                        Err(e) => {
-                            tracing::debug!(error = %e, "waiting for a leader to join configured upstreams");
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                        }
-                    }
-                }
-            }
+                .map(|u| Command::JoinServer {
+                    url: u.url.clone(),
+                    ranks: u.ranks,
+                    capacity_tokens: u
+                        .capacity_tokens
+                        .unwrap_or(cfg.cache.default_capacity_tokens),
+                    weight: u.weight,
+                })
+                .collect(),
         });
         tokio::spawn(proposer(
             state.clone(),
@@ -257,30 +129,62 @@ impl ClusterState {
         Ok(state)
     }
 
+    /// Serves the peer service plus `admin` on the peer port, then bootstraps: the lowest
+    /// configured id makes the first membership of a new cluster, and the configured
+    /// servers join through the log once there is a leader.
+    pub async fn serve(&self, admin: tonic::service::Routes) -> anyhow::Result<()> {
+        self.node.serve(Some(admin)).await?;
+        let lowest = self.peers.keys().min().copied().unwrap_or(self.node.id);
+        if lowest == self.node.id {
+            // Spawned: initializing waits for the other peers, which may start later. On a
+            // restarted or already formed cluster it is refused and harmless.
+            let n = self.node.clone();
+            let members = self.peers.clone();
+            tokio::spawn(async move {
+                if let Err(e) = n.initialize(members).await {
+                    tracing::error!(error = %e, "cluster initialization failed");
+                }
+            });
+        }
+        // Idempotent: the same URL and ranks keep their ids.
+        let n = self.node.clone();
+        let joins = self.configured.clone();
+        tokio::spawn(async move {
+            for j in joins {
+                loop {
+                    match n.propose(j.clone()).await {
+                        Ok(Outcome::Rejected(r)) => {
+                            tracing::error!(reason = %r, "configured upstream rejected");
+                            break;
+                        }
+                        Ok(_) => break,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "waiting for a leader to join configured upstreams");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+
     /// The Raft peer.
     pub fn node(&self) -> &Arc<ClusterNode> {
         &self.node
     }
 
-    /// Leader, term, indexes and state digest, for `/health` and tests. The digest walks
-    /// the state under the state machine's read lock (apply waits meanwhile), so it is
-    /// computed here, on request, and never per applied batch.
-    pub async fn status(&self) -> serde_json::Value {
-        let (applied, digest) = self.node.applied_digest().await;
-        let m = self.node.raft.metrics().borrow().clone();
-        serde_json::json!({
-            "node_id": self.node.id,
-            "leader": m.current_leader,
-            "role": format!("{:?}", m.state),
-            "term": m.current_term,
-            "last_log_index": m.last_log_index,
-            "commit_index": self.node.stats.committed.load(Relaxed),
-            "applied_index": applied,
-            "snapshot_index": m.snapshot.map(|s| s.index),
-            "purged_index": m.purged.map(|s| s.index),
-            "snapshots_installed": self.node.stats.snapshots_installed.load(Relaxed),
-            "state_digest": format!("{digest:016x}"),
-        })
+    /// Raft status with the state digest. The digest walks the state under the state
+    /// machine's read lock (apply waits meanwhile), so it is computed here, on request,
+    /// and never per applied batch.
+    pub async fn status(&self) -> ClusterView {
+        let (applied_index, digest) = self.node.applied_digest().await;
+        ClusterView {
+            node: self.node.status(),
+            applied_index,
+            digest,
+            snapshots_installed: self.node.snapshot_stats().installed,
+        }
     }
 }
 
@@ -289,9 +193,8 @@ impl ClusterState {
 fn on_apply(p: Arc<Published>, counters: Arc<RaftCounters>, me: u64) -> OnApply {
     Arc::new(move |st: &SmState| {
         let applied = st.last_applied.map_or(0, |l| l.index);
-        p.applied_view.store(Arc::new(st.machine.view()));
         p.stats.store(Arc::new(st.machine.model().stats()));
-        p.applied.store(applied, Relaxed);
+        p.overlay.applied_up_to(applied, st.machine.view());
         if let Some((peer, at)) = st.last_routes {
             if peer != me && at > 0 {
                 let lag = now_ms().saturating_sub(at);
@@ -301,22 +204,8 @@ fn on_apply(p: Arc<Published>, counters: Arc<RaftCounters>, me: u64) -> OnApply 
         if **p.loads.load() != *st.machine.loads() {
             p.loads.store(Arc::new(st.machine.loads().clone()));
         }
-        {
-            let mut pending = p.lock_pending();
-            pending.retain(|b| b.index.is_none_or(|i| i > applied));
-            p.republish(&pending);
-        }
         let prev = p.topology.load();
-        let same = prev.upstreams.len() == st.machine.servers().len()
-            && st.machine.servers().values().all(|s| {
-                prev.upstreams.iter().any(|u| {
-                    &*u.url == s.url.as_str()
-                        && u.accepting.load(Relaxed) != s.draining
-                        && prev.ranks_of(u).map(|r| r.id).eq(s.ranks.iter().copied())
-                        && prev.ranks_of(u).all(|r| r.matches(s))
-                })
-            });
-        if !same {
+        if !prev.describes(st.machine.servers()) {
             p.topology.store(Arc::new(Topology::from_servers(
                 st.machine.servers(),
                 &prev,
@@ -346,7 +235,7 @@ async fn proposer(
         }
         let seq = next_seq;
         next_seq += 1;
-        let p = &state.published;
+        let p = &state.published.overlay;
         let mut n = first.len();
         p.add_pending(seq, std::mem::take(&mut first));
         let deadline = tokio::time::Instant::now() + wait;
@@ -362,7 +251,7 @@ async fn proposer(
         let Ok(permit) = inflight.clone().acquire_owned().await else {
             return;
         };
-        let routes = p.pending_routes_of(seq);
+        let routes = p.routes_of(seq);
         let st = state.clone();
         tokio::spawn(async move {
             let cmd = Command::RecordRoutes {
@@ -391,7 +280,7 @@ async fn proposer(
                     st.metrics.record_dropped();
                 }
             }
-            st.published.settle(seq, index);
+            st.published.overlay.settle(seq, index);
             drop(permit);
         });
     }
@@ -419,8 +308,7 @@ async fn load_reporter(state: std::sync::Weak<ClusterState>, every: Duration, st
             })
             .collect();
         let now = now_ms();
-        let has_leader = s.node.raft.metrics().borrow().current_leader.is_some();
-        if has_leader && (mine != last || now.saturating_sub(last_sent) >= 1000) {
+        if s.node.has_leader() && (mine != last || now.saturating_sub(last_sent) >= 1000) {
             last_sent = now;
             last = mine.clone();
             let node = s.node.clone();
@@ -463,7 +351,7 @@ fn sample(o: &mut String, name: &str, help: &str, kind: &str, v: impl std::fmt::
 
 impl RoutingState for ClusterState {
     fn view(&self) -> Guard<Arc<IndexView>> {
-        self.published.view.load()
+        self.published.overlay.view()
     }
 
     fn topology(&self) -> Guard<Arc<Topology>> {
@@ -486,38 +374,43 @@ impl RoutingState for ClusterState {
 
     fn change(&self, cmd: Command) -> ChangeFuture<'_> {
         Box::pin(async move {
-            let (index, outcome) = self.node.propose_at(cmd).await.map_err(|e| e.to_string())?;
-            let (ok, missing) = self.node.wait_applied(index, CONFIRM).await;
-            let mut note = format!("applied at log index {index} on peers {ok:?}");
-            if !missing.is_empty() {
-                let _ = write!(note, "; not confirmed within 3 s by peers {missing:?}");
-            }
-            Ok(Changed { outcome, note })
+            let (index, outcome) = self
+                .node
+                .propose_at(cmd)
+                .await
+                .map_err(|e| ChangeError::NoLeader(format!("{e:#}")))?;
+            let (confirmed, unconfirmed) = self.node.wait_applied(index, CONFIRM).await;
+            Ok(Changed {
+                outcome,
+                index: Some(index),
+                confirmed,
+                unconfirmed,
+            })
         })
     }
 
     fn render_metrics(&self, o: &mut String) {
-        let m = self.node.raft.metrics().borrow().clone();
-        let st = &self.node.stats;
-        let commit = st.committed.load(Relaxed);
-        let applied = self.published.applied.load(Relaxed);
+        let m = self.node.status();
+        let snap = self.node.snapshot_stats();
+        let commit = m.commit_index;
+        let applied = self.published.overlay.applied();
         let c = &self.counters;
         let gauges: [(&str, &str, u64); 16] = [
-            ("router_raft_term", "Current Raft term.", m.current_term),
+            ("router_raft_term", "Current Raft term.", m.term),
             (
                 "router_raft_leader",
                 "Id of the leader this peer knows (0: none).",
-                m.current_leader.unwrap_or(0),
+                m.leader.unwrap_or(0),
             ),
             (
                 "router_raft_is_leader",
                 "1 when this peer leads.",
-                u64::from(m.current_leader == Some(self.node.id)),
+                u64::from(m.is_leader()),
             ),
             (
                 "router_raft_last_log_index",
                 "Last log index on this peer.",
-                m.last_log_index.unwrap_or(0),
+                m.last_log_index,
             ),
             (
                 "router_raft_commit_index",
@@ -537,27 +430,27 @@ impl RoutingState for ClusterState {
             (
                 "router_raft_snapshot_index",
                 "Log index of the last snapshot.",
-                m.snapshot.map_or(0, |s| s.index),
+                m.snapshot_index,
             ),
             (
                 "router_raft_pending_routes",
                 "This peer's decisions proposed but not applied here (the overlay).",
-                self.published.pending_routes.load(Relaxed),
+                self.published.overlay.pending_routes(),
             ),
             (
                 "router_raft_snapshot_bytes",
                 "Size of the last snapshot built or installed.",
-                st.snapshot_bytes.load(Relaxed),
+                snap.bytes,
             ),
             (
                 "router_raft_snapshots_built_total",
                 "Snapshots built.",
-                st.snapshots_built.load(Relaxed),
+                snap.built,
             ),
             (
                 "router_raft_snapshots_installed_total",
                 "Snapshots received and installed.",
-                st.snapshots_installed.load(Relaxed),
+                snap.installed,
             ),
             (
                 "router_raft_proposals_total",
@@ -592,17 +485,17 @@ impl RoutingState for ClusterState {
             (
                 "router_raft_snapshot_build_seconds",
                 "Time the last snapshot build took.",
-                st.snapshot_build_us.load(Relaxed),
+                snap.build_us,
             ),
             (
                 "router_raft_snapshot_lock_seconds",
                 "Time the last snapshot build held the state lock (apply waited that long).",
-                st.snapshot_lock_us.load(Relaxed),
+                snap.lock_us,
             ),
             (
                 "router_raft_snapshot_install_seconds",
                 "Time the last snapshot install took.",
-                st.snapshot_install_us.load(Relaxed),
+                snap.install_us,
             ),
         ] {
             sample(o, name, help, "gauge", us as f64 / 1e6);

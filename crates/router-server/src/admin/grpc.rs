@@ -1,0 +1,228 @@
+//! The admin gRPC service that `routerctl` talks to, on the peer port. Server changes go
+//! through [`RoutingState::change`], so a change returns once every reachable peer routes
+//! by it; peer membership changes run on the leader (a follower forwards them there).
+
+use super::auth::{bearer, check_token};
+use super::error::AdminError;
+use super::servers::server_infos;
+use crate::state::{Changed, ClusterState, RoutingState};
+use router_cluster::MembershipError;
+use router_core::{parse_upstream_url, Command, Outcome};
+use router_proto::v1::admin_client::AdminClient;
+use router_proto::v1::admin_server::Admin;
+use router_proto::v1::{
+    AddPeerRequest, AdminReply, DrainRequest, Empty, JoinRequest, PeerInfo, RemovePeerRequest,
+    ServerRequest, ServersReply, StatusReply,
+};
+use std::sync::Arc;
+use std::time::Duration;
+use tonic::{Request, Response, Status};
+
+/// How long a call forwarded to the leader may take (a peer add waits for catch-up).
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The admin gRPC service.
+pub struct AdminService {
+    state: Arc<ClusterState>,
+    token: Option<String>,
+    default_capacity: u64,
+}
+
+fn reply(message: String, ranks: Vec<u32>) -> Response<AdminReply> {
+    Response::new(AdminReply {
+        ok: true,
+        message,
+        ranks,
+        ..Default::default()
+    })
+}
+
+/// The normalized URL, or why it is not a server URL.
+fn server_url(url: &str) -> Result<String, AdminError> {
+    parse_upstream_url(url)
+        .map(|u| u.url)
+        .map_err(|e| AdminError::InvalidUrl(format!("'{}': {e}", url.trim())))
+}
+
+impl AdminService {
+    /// Serves `state`; `token` unset refuses every call.
+    pub fn new(state: Arc<ClusterState>, token: Option<String>, default_capacity: u64) -> Self {
+        AdminService {
+            state,
+            token,
+            default_capacity,
+        }
+    }
+
+    fn auth<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        let presented = bearer(
+            req.metadata()
+                .get("authorization")
+                .and_then(|v| v.to_str().ok()),
+        );
+        check_token(self.token.as_deref(), presented).map_err(|d| Status::from(AdminError::from(d)))
+    }
+
+    async fn apply(&self, cmd: Command) -> Result<Response<AdminReply>, Status> {
+        let done: Changed = self.state.change(cmd).await.map_err(AdminError::from)?;
+        let ranks = match &done.outcome {
+            Outcome::Rejected(r) => return Err(AdminError::Rejected(r.clone()).into()),
+            Outcome::Joined(ranks) => ranks.clone(),
+            Outcome::Ok => Vec::new(),
+        };
+        Ok(Response::new(AdminReply {
+            ok: true,
+            message: done.note(),
+            ranks,
+            log_index: done.index.unwrap_or(0),
+            confirmed_peers: done.confirmed,
+            unconfirmed_peers: done.unconfirmed,
+        }))
+    }
+
+    /// Membership changes happen on the leader: forward there with the caller's token.
+    async fn on_leader<T, F, Fut>(
+        &self,
+        req: &Request<T>,
+        addr: Option<String>,
+        msg: T,
+        call: F,
+    ) -> Result<Response<AdminReply>, Status>
+    where
+        F: FnOnce(AdminClient<tonic::transport::Channel>, Request<T>) -> Fut,
+        Fut: std::future::Future<Output = Result<Response<AdminReply>, Status>>,
+    {
+        let addr = addr.ok_or_else(|| Status::unavailable("no leader at the moment; retry"))?;
+        let ch = self
+            .state
+            .node()
+            .network()
+            .channel(&addr)
+            .map_err(Status::internal)?;
+        let mut fwd = Request::new(msg);
+        if let Some(v) = req.metadata().get("authorization") {
+            fwd.metadata_mut().insert("authorization", v.clone());
+        }
+        fwd.set_timeout(FORWARD_TIMEOUT);
+        call(AdminClient::new(ch), fwd).await
+    }
+}
+
+#[tonic::async_trait]
+impl Admin for AdminService {
+    async fn join(&self, req: Request<JoinRequest>) -> Result<Response<AdminReply>, Status> {
+        self.auth(&req)?;
+        let j = req.into_inner();
+        let url = server_url(&j.url)?;
+        self.apply(Command::JoinServer {
+            url,
+            ranks: j.ranks.max(1),
+            capacity_tokens: if j.capacity_tokens == 0 {
+                self.default_capacity
+            } else {
+                j.capacity_tokens
+            },
+            weight: if j.weight == 0.0 { 1.0 } else { j.weight },
+        })
+        .await
+    }
+
+    async fn leave(&self, req: Request<ServerRequest>) -> Result<Response<AdminReply>, Status> {
+        self.auth(&req)?;
+        let url = server_url(&req.into_inner().url)?;
+        self.apply(Command::LeaveServer { url }).await
+    }
+
+    async fn drain(&self, req: Request<DrainRequest>) -> Result<Response<AdminReply>, Status> {
+        self.auth(&req)?;
+        let d = req.into_inner();
+        let url = server_url(&d.url)?;
+        self.apply(Command::DrainServer {
+            url,
+            draining: d.draining,
+        })
+        .await
+    }
+
+    async fn servers(&self, req: Request<Empty>) -> Result<Response<ServersReply>, Status> {
+        self.auth(&req)?;
+        Ok(Response::new(ServersReply {
+            servers: server_infos(&self.state.topology()),
+        }))
+    }
+
+    async fn add_peer(&self, req: Request<AddPeerRequest>) -> Result<Response<AdminReply>, Status> {
+        self.auth(&req)?;
+        let p = req.get_ref().clone();
+        if p.node_id == 0 || p.addr.is_empty() {
+            return Err(
+                AdminError::InvalidRequest("need a node id > 0 and an address".into()).into(),
+            );
+        }
+        match self.state.node().add_peer(p.node_id, &p.addr).await {
+            Ok(()) => Ok(reply(
+                format!("node {} at {} caught up and is a voter", p.node_id, p.addr),
+                Vec::new(),
+            )),
+            Err(MembershipError::NotLeader(addr)) => {
+                self.on_leader(&req, addr, p, |mut c, r| async move { c.add_peer(r).await })
+                    .await
+            }
+            Err(e) => Err(AdminError::Membership(e).into()),
+        }
+    }
+
+    async fn remove_peer(
+        &self,
+        req: Request<RemovePeerRequest>,
+    ) -> Result<Response<AdminReply>, Status> {
+        self.auth(&req)?;
+        let p = *req.get_ref();
+        match self.state.node().remove_peer(p.node_id).await {
+            Ok(()) => Ok(reply(
+                format!("node {} removed; its id is retired", p.node_id),
+                Vec::new(),
+            )),
+            Err(MembershipError::NotLeader(addr)) => {
+                self.on_leader(
+                    &req,
+                    addr,
+                    p,
+                    |mut c, r| async move { c.remove_peer(r).await },
+                )
+                .await
+            }
+            Err(e) => Err(AdminError::Membership(e).into()),
+        }
+    }
+
+    async fn status(&self, req: Request<Empty>) -> Result<Response<StatusReply>, Status> {
+        self.auth(&req)?;
+        let v = self.state.status().await;
+        let n = &v.node;
+        Ok(Response::new(StatusReply {
+            node_id: n.id,
+            leader: n.leader.unwrap_or(0),
+            term: n.term,
+            commit_index: n.commit_index,
+            applied_index: v.applied_index,
+            peers: n
+                .members
+                .iter()
+                .map(|m| PeerInfo {
+                    node_id: m.id,
+                    addr: m.addr.clone(),
+                    voter: m.voter,
+                    matched_index: m.matched_index.unwrap_or(0),
+                })
+                .collect(),
+            servers: server_infos(&self.state.topology()),
+            map_entries: self.state.index_stats().entries,
+            state_digest: v.digest,
+            last_log_index: n.last_log_index,
+            role: n.role.as_str().to_owned(),
+            snapshot_index: n.snapshot_index,
+            purged_index: n.purged_index,
+        }))
+    }
+}

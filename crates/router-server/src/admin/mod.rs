@@ -1,0 +1,13 @@
+//! Operator calls: the admin gRPC service that `routerctl` talks to (on the peer port), and
+//! the vllm-router-compatible HTTP endpoints on the client port. Both need the admin token;
+//! both fail with one typed [`AdminError`], mapped to gRPC and HTTP in one place each.
+
+mod auth;
+mod error;
+mod grpc;
+mod http_api;
+mod servers;
+
+pub use error::AdminError;
+pub use grpc::AdminService;
+pub use http_api::{handle as handle_http, AdminHttp};

@@ -1,0 +1,128 @@
+//! The front door: classifies each request by path, checks the head size and the client's
+//! key, and hands it to the proxy, the operator endpoints or the router's own endpoints.
+//! Errors from all of them become responses here, in the error shape of the endpoint.
+
+use super::ctx::Ctx;
+use super::{endpoints, proxy};
+use crate::admin::{handle_http, AdminHttp};
+use crate::metrics::Route;
+use crate::response::{ApiError, ErrorShape, RespBody};
+use http::{header, HeaderMap, Method, Request, Response};
+use hyper::body::Incoming;
+use router_core::{ct_eq, Endpoint};
+use std::sync::Arc;
+
+/// Entry point for every client request.
+pub async fn handle(
+    ctx: Arc<Ctx>,
+    req: Request<Incoming>,
+    metrics_only: bool,
+) -> Response<RespBody> {
+    let path = req.uri().path().to_owned();
+    let route = match path.as_str() {
+        "/v1/chat/completions" => Route::Chat,
+        "/v1/completions" => Route::Completions,
+        "/v1/responses" => Route::Responses,
+        "/v1/messages" => Route::Messages,
+        "/v1/models" => Route::Models,
+        "/health" => Route::Health,
+        "/metrics" => Route::Metrics,
+        "/add_worker" | "/remove_worker" | "/list_workers" => Route::Admin,
+        p if p.starts_with("/v1/") => Route::Passthrough,
+        _ => Route::Other,
+    };
+    let shape = if route == Route::Messages {
+        ErrorShape::Anthropic
+    } else {
+        ErrorShape::OpenAi
+    };
+    let resp = match dispatch(&ctx, req, route, &path, metrics_only).await {
+        Ok(r) => r,
+        Err(e) => {
+            if e.status.is_server_error() {
+                tracing::warn!(%path, status = e.status.as_u16(), message = %e.message, "request failed");
+            } else {
+                tracing::debug!(%path, status = e.status.as_u16(), message = %e.message, "request rejected");
+            }
+            e.into_response(shape)
+        }
+    };
+    ctx.metrics.request(route, resp.status().as_u16());
+    resp
+}
+
+async fn dispatch(
+    ctx: &Arc<Ctx>,
+    req: Request<Incoming>,
+    route: Route,
+    path: &str,
+    metrics_only: bool,
+) -> Result<Response<RespBody>, ApiError> {
+    check_header_size(req.headers(), req.uri(), ctx.cfg.limits.max_header_bytes)?;
+    match route {
+        Route::Health => return Ok(endpoints::health(ctx).await),
+        Route::Metrics => return Ok(endpoints::metrics(ctx)),
+        _ if metrics_only => return Err(ApiError::not_found(path)),
+        Route::Admin => {
+            let admin = AdminHttp {
+                state: &*ctx.state,
+                token: ctx.cfg.admin_token.as_deref(),
+                default_capacity: ctx.cfg.cache.default_capacity_tokens,
+            };
+            return handle_http(&admin, req, path).await;
+        }
+        _ => {}
+    }
+    authorize(ctx, req.headers())?;
+    match route {
+        Route::Chat | Route::Completions | Route::Responses | Route::Messages => {
+            if req.method() != Method::POST {
+                return Err(ApiError::method_not_allowed(req.method(), path, "POST"));
+            }
+            let ep = Endpoint::from_path(path).ok_or_else(|| ApiError::not_found(path))?;
+            proxy::inference(ctx, req, ep).await
+        }
+        Route::Models => {
+            if req.method() != Method::GET {
+                return Err(ApiError::method_not_allowed(req.method(), path, "GET"));
+            }
+            endpoints::models(ctx).await
+        }
+        Route::Passthrough => proxy::passthrough(ctx, req).await,
+        _ => Err(ApiError::not_found(path)),
+    }
+}
+
+fn check_header_size(h: &HeaderMap, uri: &http::Uri, limit: u64) -> Result<(), ApiError> {
+    // The request target as sent (origin form, or absolute form with scheme and authority).
+    let target = uri.path_and_query().map_or(1, |p| p.as_str().len())
+        + uri.authority().map_or(0, |a| a.as_str().len() + 3)
+        + uri.scheme_str().map_or(0, str::len);
+    let size: usize = target
+        + h.iter()
+            .map(|(k, v)| k.as_str().len() + v.len() + 4)
+            .sum::<usize>();
+    if size as u64 > limit {
+        return Err(ApiError::headers_too_large(limit));
+    }
+    Ok(())
+}
+
+fn authorize(ctx: &Ctx, h: &HeaderMap) -> Result<(), ApiError> {
+    let Some(key) = &ctx.cfg.api_key else {
+        return Ok(());
+    };
+    let presented = h
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .or_else(|| h.get("x-api-key").and_then(|v| v.to_str().ok()))
+        .map(str::trim);
+    match presented {
+        Some(p) if ct_eq(p.as_bytes(), key.as_bytes()) => Ok(()),
+        _ => Err(ApiError::unauthorized()),
+    }
+}
