@@ -93,36 +93,3 @@ fn bad_configuration_is_reported_before_start() {
     assert!(s.contains("policy = \"load\""), "{s}");
     assert!(s.contains("http://b:2"), "{s}");
 }
-
-/// router-core is the pure part: it must not pull in an async runtime, HTTP, gRPC or disk.
-#[test]
-fn router_core_is_pure() {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = std::process::Command::new(cargo)
-        .current_dir(workspace())
-        .args([
-            "tree",
-            "-p",
-            "router-core",
-            "-e",
-            "normal",
-            "--prefix",
-            "none",
-            "--offline",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let tree = String::from_utf8_lossy(&out.stdout);
-    assert!(tree.contains("xxhash-rust"), "{tree}");
-    for banned in ["tokio ", "hyper ", "tonic ", "sled ", "openraft ", "mio "] {
-        assert!(
-            !tree.lines().any(|l| l.starts_with(banned)),
-            "router-core depends on {banned}:\n{tree}"
-        );
-    }
-}

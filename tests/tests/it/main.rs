@@ -12,3 +12,4 @@ mod persistence;
 mod routing;
 mod security;
 mod streaming;
+mod structure;
