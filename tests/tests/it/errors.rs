@@ -2,6 +2,7 @@
 //! router keeps serving afterwards.
 
 use router_tests::*;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn assert_error(r: &Reply, status: u16, code: &str) {
@@ -156,7 +157,7 @@ async fn bad_input_statuses_and_bodies() {
     );
     s.write_all(huge.as_bytes()).await.unwrap();
     let mut got = Vec::new();
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), s.read_to_end(&mut got)).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut got)).await;
     let head = String::from_utf8_lossy(&got);
     assert!(
         head.starts_with("HTTP/1.1 431"),
@@ -181,23 +182,67 @@ async fn bad_input_statuses_and_bodies() {
     );
 }
 
+/// A request head that does not arrive within `timeouts.client_header_ms` gets a 408 with
+/// a JSON body, then the connection closes; an idle kept-alive connection is closed after
+/// the same time without an answer; a head sent in time is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn slow_client_header_times_out() {
+async fn slow_client_header_gets_408() {
     let addr = free_addr();
     let dir = TempDir::new("slowhdr");
     let toml = format!("listen = \"{addr}\"\n[timeouts]\nclient_header_ms = 300\n");
     let _r = start_router(&dir, &toml, &[], addr).await;
+    let read_all = |mut s: tokio::net::TcpStream| async move {
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut got))
+            .await
+            .expect("connection not closed")
+            .expect("read failed");
+        String::from_utf8_lossy(&got).into_owned()
+    };
+
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     s.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\n")
         .await
         .unwrap();
-    let t = std::time::Instant::now();
-    let mut buf = vec![0u8; 256];
-    let n = tokio::time::timeout(std::time::Duration::from_secs(5), s.read(&mut buf))
+    let t = Instant::now();
+    let got = read_all(s).await;
+    assert!(
+        t.elapsed() >= Duration::from_millis(250),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    assert!(got.starts_with("HTTP/1.1 408 "), "{got:?}");
+    let body = &got[got.find("\r\n\r\n").unwrap() + 4..];
+    let j: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(j["error"]["code"], "request_timeout", "{j}");
+
+    // A head dripped a byte at a time does not keep the connection open past the limit.
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let t = Instant::now();
+    for b in b"GET /health HTTP/1.1\r\nhost: x\r\nx-slow: abcdefghijklmnop" {
+        if s.write_all(&[*b]).await.is_err() || t.elapsed() > Duration::from_secs(2) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    let got = read_all(s).await;
+    assert!(got.starts_with("HTTP/1.1 408 "), "{got:?}");
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+
+    // Kept alive: a request is served, then the idle connection closes without an answer.
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
         .await
-        .expect("not closed")
-        .unwrap_or(0);
-    assert!(t.elapsed() < std::time::Duration::from_secs(3));
-    let head = String::from_utf8_lossy(&buf[..n]);
-    assert!(n == 0 || head.contains("408"), "{head}");
+        .unwrap();
+    let t = Instant::now();
+    let got = read_all(s).await;
+    assert!(got.starts_with("HTTP/1.1 "), "{got:?}");
+    assert_eq!(got.matches("HTTP/1.1 ").count(), 1, "{got:?}");
+    assert!(!got.contains("408"), "{got:?}");
+    assert!(
+        t.elapsed() >= Duration::from_millis(250),
+        "{:?}",
+        t.elapsed()
+    );
 }

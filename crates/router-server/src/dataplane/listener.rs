@@ -2,8 +2,10 @@
 //! header-read timeout and a bounded header buffer, graceful drain on shutdown.
 
 use super::ctx::Ctx;
+use super::head_timeout::{ConnActivity, HeadTimeout, Tracked};
 use super::service::handle;
 use super::upstream::Pool;
+use http_body_util::BodyExt;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -23,10 +25,11 @@ fn conn_builder(ctx: &Ctx) -> auto::Builder<TokioExecutor> {
     // hyper answers a head larger than its buffer with a bare 431; below that size our
     // handler answers with a JSON body. The buffer must be at least 8 KiB.
     let buf = (limits.max_header_bytes as usize * 2).max(16 << 10);
+    // The head timeout is HeadTimeout's, which answers 408 (hyper's closes silently).
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_millis(ctx.cfg.timeouts.client_header_ms))
+        .header_read_timeout(None)
         .max_buf_size(buf);
     builder
         .http2()
@@ -50,9 +53,15 @@ fn spawn_conn(
 ) {
     let _ = stream.set_nodelay(true);
     let ctx2 = ctx.clone();
+    let activity = Arc::new(ConnActivity::default());
+    let act = activity.clone();
     let svc = service_fn(move |req| {
+        let busy = act.begin();
         let ctx = ctx2.clone();
-        async move { Ok::<_, Infallible>(handle(ctx, req, metrics_only).await) }
+        async move {
+            let resp = handle(ctx, req, metrics_only).await;
+            Ok::<_, Infallible>(resp.map(|b| Tracked::new(b, busy).boxed_unsync()))
+        }
     });
     let builder = builder.clone();
     let watcher = graceful.watcher();
@@ -61,7 +70,8 @@ fn spawn_conn(
         let _permit = permit;
         match tls {
             None => {
-                let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
+                let io = HeadTimeout::new(stream, activity, header_timeout, false);
+                let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), svc);
                 if let Err(e) = watcher.watch(conn.into_owned()).await {
                     tracing::debug!(%peer, error = %e, "connection ended with error");
                 }
@@ -75,7 +85,9 @@ fn spawn_conn(
                     }
                     Err(_) => return,
                 };
-                let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
+                let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+                let io = HeadTimeout::new(stream, activity, header_timeout, h2);
+                let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), svc);
                 if let Err(e) = watcher.watch(conn.into_owned()).await {
                     tracing::debug!(%peer, error = %e, "connection ended with error");
                 }

@@ -4,6 +4,7 @@
 
 mod ctx;
 mod endpoints;
+mod head_timeout;
 mod listener;
 mod proxy;
 mod relay;
