@@ -444,6 +444,17 @@ impl Config {
         cfg.validate()
     }
 
+    /// The same config with every secret replaced by `<redacted>`, for printing.
+    pub fn redacted(&self) -> Config {
+        let hide = |s: &Option<String>| s.as_ref().map(|_| "<redacted>".to_owned());
+        Config {
+            api_key: hide(&self.api_key),
+            admin_token: hide(&self.admin_token),
+            upstream_token: hide(&self.upstream_token),
+            ..self.clone()
+        }
+    }
+
     /// Checks every value and normalizes upstream URLs; returns the config when usable.
     pub fn validate(mut self) -> Result<Config, ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
@@ -511,10 +522,8 @@ impl Config {
             return bad("health.path must start with '/'".into());
         }
         if let Some(tls) = &self.tls {
-            for p in [&tls.cert, &tls.key] {
-                if !p.exists() {
-                    return bad(format!("tls: {} does not exist", p.display()));
-                }
+            if let Err(e) = crate::tls::acceptor(&tls.cert, &tls.key) {
+                return bad(format!("tls: {e:#}"));
             }
         }
         if self.log.format != "text" && self.log.format != "json" {
@@ -539,10 +548,8 @@ impl Config {
                 ));
             }
             if let Some(t) = &c.tls {
-                for p in [&t.ca, &t.cert, &t.key] {
-                    if !p.exists() {
-                        return bad(format!("cluster.tls: {} does not exist", p.display()));
-                    }
+                if let Err(e) = crate::tls::check_peer_files(&t.ca, &t.cert, &t.key) {
+                    return bad(format!("cluster.tls: {e:#}"));
                 }
             }
             if c.load_report_ms == 0 || c.load_stale_ms <= c.load_report_ms {

@@ -5,8 +5,9 @@
 //!   endpoints);
 //! - [`state`]: the routing state the data plane reads and writes, single-node or Raft;
 //! - [`admin`]: operators (the admin gRPC service and the vllm-router HTTP endpoints);
-//! - [`health`], [`metrics`], [`config`], [`response`] (the one HTTP error map) and
-//!   [`client`] (the router's own calls to engines).
+//! - [`health`], [`metrics`], [`config`], [`response`] (the one HTTP error map),
+//!   [`tls`] (PEM files, checked by config validation) and [`client`] (the router's own
+//!   calls to engines).
 //!
 //! This file is the one place that wires them together.
 
@@ -18,6 +19,7 @@ pub mod health;
 pub mod metrics;
 pub mod response;
 pub mod state;
+pub mod tls;
 
 use config::Config;
 use dataplane::{Ctx, Pool};
@@ -42,7 +44,7 @@ pub async fn run(cfg: Config, shutdown: watch::Receiver<bool>) -> anyhow::Result
         None => None,
     };
     let tls = match &cfg.tls {
-        Some(t) => Some(dataplane::tls_acceptor(&t.cert, &t.key)?),
+        Some(t) => Some(tls::acceptor(&t.cert, &t.key)?),
         None => None,
     };
     let metrics = Arc::new(Metrics::default());

@@ -67,7 +67,7 @@ fn main() -> std::process::ExitCode {
         }
     };
     if cli.print_config {
-        match toml::to_string_pretty(&cfg) {
+        match toml::to_string_pretty(&cfg.redacted()) {
             Ok(s) => {
                 println!("{s}");
                 return std::process::ExitCode::SUCCESS;

@@ -75,6 +75,58 @@ fn bad_configuration_is_reported_before_start() {
     let (code, log) = run_and_wait(&dir, &[], &[("ROUTER_LIMITS__MAX_BODY_BYTES", "0")]);
     assert_eq!(code, 2);
     assert!(log.contains("max_body_bytes"), "{log}");
+
+    // TLS material is parsed in validation: a bad PEM exits 2 and binds nothing.
+    let good = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let other = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    std::fs::write(dir.path("cert.pem"), good.cert.pem()).unwrap();
+    std::fs::write(dir.path("key.pem"), good.signing_key.serialize_pem()).unwrap();
+    std::fs::write(dir.path("other.key"), other.signing_key.serialize_pem()).unwrap();
+    std::fs::write(
+        dir.path("junk.pem"),
+        "-----BEGIN CERTIFICATE-----\nnot base64!\n-----END CERTIFICATE-----\n",
+    )
+    .unwrap();
+    std::fs::write(dir.path("empty.pem"), "hello\n").unwrap();
+    let p = |n: &str| dir.path(n).display().to_string();
+    for (cert, key, says) in [
+        (p("junk.pem"), p("key.pem"), "junk.pem"),
+        (p("empty.pem"), p("key.pem"), "no PEM certificate"),
+        (p("cert.pem"), p("empty.pem"), "no PEM private key"),
+        (
+            p("cert.pem"),
+            p("other.key"),
+            "do not make a usable certificate and key",
+        ),
+    ] {
+        let addr = free_addr();
+        std::fs::write(
+            &cfg,
+            format!("listen = \"{addr}\"\n[tls]\ncert = \"{cert}\"\nkey = \"{key}\"\n"),
+        )
+        .unwrap();
+        let (code, log) = run_and_wait(&dir, &["--config", cfg.to_str().unwrap()], &[]);
+        assert_eq!(code, 2, "{log}");
+        assert!(log.contains(says), "expected '{says}' in: {log}");
+        assert!(
+            std::net::TcpStream::connect(addr).is_err(),
+            "bound {addr} before failing"
+        );
+    }
+    let peer = format!(
+        "[cluster]\nnode_id = 1\nlisten = \"127.0.0.1:7001\"\ndata_dir = \"{}\"\ncluster_id = \"c\"\npeers = [{{ id = 1, addr = \"127.0.0.1:7001\" }}]\n[cluster.tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n",
+        p("data"),
+        p("junk.pem"),
+        p("cert.pem"),
+        p("key.pem")
+    );
+    std::fs::write(&cfg, peer).unwrap();
+    let (code, log) = run_and_wait(&dir, &["--config", cfg.to_str().unwrap()], &[]);
+    assert_eq!(code, 2, "{log}");
+    assert!(
+        log.contains("cluster.tls") && log.contains("junk.pem"),
+        "{log}"
+    );
     // --print-config shows the merged result, env and flags included.
     let out = std::process::Command::new(bin("router"))
         .args([
@@ -85,10 +137,16 @@ fn bad_configuration_is_reported_before_start() {
             "load",
         ])
         .env("ROUTER_LIMITS__MAX_BODY_BYTES", "1234")
+        .env("ROUTER_API_KEY", "client-key-sekrit")
+        .env("ROUTER_ADMIN_TOKEN", "admin-token-sekrit-123")
+        .env("RJ_UPSTREAM_TOKEN", "upstream-token-sekrit")
         .output()
         .unwrap();
     let s = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{s}");
+    // Secrets are shown as set, never printed.
+    assert!(!s.contains("sekrit"), "a secret was printed:\n{s}");
+    assert_eq!(s.matches("\"<redacted>\"").count(), 3, "{s}");
     assert!(s.contains("max_body_bytes = 1234"), "{s}");
     assert!(s.contains("policy = \"load\""), "{s}");
     assert!(s.contains("http://b:2"), "{s}");

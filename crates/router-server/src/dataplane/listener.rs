@@ -246,28 +246,3 @@ pub async fn serve(
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
-
-/// Loads a rustls server config from PEM files (ALPN h2 and http/1.1).
-pub fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> anyhow::Result<TlsAcceptor> {
-    use anyhow::Context;
-    let certs: Vec<_> = rustls_pemfile::certs(&mut std::io::BufReader::new(
-        std::fs::File::open(cert).with_context(|| format!("opening {}", cert.display()))?,
-    ))
-    .collect::<Result<_, _>>()
-    .with_context(|| format!("reading certificates from {}", cert.display()))?;
-    if certs.is_empty() {
-        anyhow::bail!("no certificate in {}", cert.display());
-    }
-    let key = rustls_pemfile::private_key(&mut std::io::BufReader::new(
-        std::fs::File::open(key).with_context(|| format!("opening {}", key.display()))?,
-    ))
-    .with_context(|| format!("reading the key from {}", key.display()))?
-    .ok_or_else(|| anyhow::anyhow!("no private key in {}", key.display()))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)?;
-    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(TlsAcceptor::from(Arc::new(cfg)))
-}

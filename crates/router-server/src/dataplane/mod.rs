@@ -12,5 +12,5 @@ mod service;
 mod upstream;
 
 pub use ctx::Ctx;
-pub use listener::{bind, serve, tls_acceptor};
+pub use listener::{bind, serve};
 pub use upstream::Pool;
