@@ -497,6 +497,10 @@ impl Config {
                     .into(),
             );
         }
+        // The JSON reader indexes documents under 64 MiB (16M tokens of prompt).
+        if self.limits.max_body_bytes >= 64 << 20 {
+            return bad("limits.max_body_bytes must be below 64 MiB (67108864)".into());
+        }
         if self.limits.max_connections == 0 {
             return bad("limits.max_connections must be positive".into());
         }

@@ -157,6 +157,16 @@ impl ApiError {
         )
     }
 
+    /// 413: the prompt fields hold more JSON values than a body this size may.
+    pub fn too_many_values(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            "too_many_values",
+            message,
+        )
+    }
+
     /// 431.
     pub fn headers_too_large(limit: u64) -> Self {
         Self::new(

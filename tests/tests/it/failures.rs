@@ -117,7 +117,13 @@ async fn health_probes_take_an_upstream_out_and_bring_it_back() {
     };
     let h = health().await;
     assert_eq!((h.status, h.json()["status"].clone()), (200, "ok".into()));
-    assert!(e[0].state.probes.load(Relaxed) >= 1);
+    for _ in 0..100 {
+        if e[0].state.probes.load(Relaxed) >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(e[0].state.probes.load(Relaxed) >= 1, "never probed");
 
     // e0's health check fails: it is marked down, and new requests all go to e1.
     e[0].state.health_status.store(500, Relaxed);

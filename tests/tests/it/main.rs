@@ -8,6 +8,7 @@ mod cluster;
 mod config;
 mod errors;
 mod failures;
+mod limits;
 mod persistence;
 mod routing;
 mod security;

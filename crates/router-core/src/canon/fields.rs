@@ -33,6 +33,27 @@ fn fields<'d, const N: usize>(
     Ok(out)
 }
 
+/// Every top-level member any dialect reads; the JSON reader indexes only these (the rest
+/// of a body is validated, never indexed).
+pub(crate) const BODY_FIELDS: [&str; 16] = [
+    "model",
+    "stream",
+    "session_params",
+    "messages",
+    "tools",
+    "functions",
+    "documents",
+    "chat_template",
+    "chat_template_kwargs",
+    "reasoning_effort",
+    "prompt",
+    "instructions",
+    "input",
+    "previous_response_id",
+    "reasoning",
+    "system",
+];
+
 /// Every top-level field any endpoint needs. Big strings stay spans of the body: the request
 /// path never unescapes a 150 KB prompt.
 pub(crate) struct Body<'d> {
@@ -57,28 +78,7 @@ pub(crate) struct Body<'d> {
 impl<'d> Body<'d> {
     pub(crate) fn read(root: Val<'d>) -> Result<Body<'d>, CanonError> {
         let [model, stream, session_params, messages, tools, functions, documents, chat_template, chat_template_kwargs, reasoning_effort, prompt, instructions, input, previous_response_id, reasoning, system] =
-            fields(
-                root,
-                &[
-                    "model",
-                    "stream",
-                    "session_params",
-                    "messages",
-                    "tools",
-                    "functions",
-                    "documents",
-                    "chat_template",
-                    "chat_template_kwargs",
-                    "reasoning_effort",
-                    "prompt",
-                    "instructions",
-                    "input",
-                    "previous_response_id",
-                    "reasoning",
-                    "system",
-                ],
-                &|| "body".to_owned(),
-            )?;
+            fields(root, &BODY_FIELDS, &|| "body".to_owned())?;
         // Messages are checked for every endpoint: a body with broken messages is broken.
         let messages = match messages {
             None => None,

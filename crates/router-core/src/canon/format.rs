@@ -34,6 +34,13 @@ pub enum CanonError {
     /// A required field is absent.
     #[error("'{0}' is required")]
     Missing(&'static str),
+    /// More JSON values in the prompt's fields than a body this size may hold: reading
+    /// them would cost memory out of proportion to the request.
+    #[error("the request's prompt fields hold more than {limit} JSON values (one per 4 bytes of body, plus 4096)")]
+    TooManyValues {
+        /// The cap for this body.
+        limit: usize,
+    },
 }
 
 pub(crate) fn wrong(field: impl Into<String>, expected: &'static str) -> CanonError {

@@ -22,8 +22,8 @@ pub use chat::CHAT_PROMPT_FIELDS;
 pub(crate) use format::Sink;
 pub use format::{CanonError, FORMAT_VERSION};
 
-use crate::json::{Doc, Kind, Val};
-use fields::{str_of, Body};
+use crate::json::{Doc, Kind, ParseError, Val};
+use fields::{str_of, Body, BODY_FIELDS};
 use format::{invalid, wrong, Writer};
 use serde_json::Value;
 
@@ -106,12 +106,10 @@ pub(crate) fn canonical<S: Sink>(
     body: &[u8],
     sink: impl FnOnce(&str) -> S,
 ) -> Result<(Head, S), CanonError> {
-    let doc = Doc::parse(body).map_err(|e| {
-        if body.iter().all(u8::is_ascii_whitespace) {
-            CanonError::Json("empty body".into())
-        } else {
-            CanonError::Json(e.to_string())
-        }
+    let doc = Doc::parse_members(body, &BODY_FIELDS).map_err(|e| match e {
+        ParseError::TooManyValues { limit } => CanonError::TooManyValues { limit },
+        _ if body.iter().all(u8::is_ascii_whitespace) => CanonError::Json("empty body".into()),
+        ParseError::Syntax { .. } => CanonError::Json(e.to_string()),
     })?;
     let root = doc.root();
     if root.kind() != Kind::Obj {

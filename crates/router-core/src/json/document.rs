@@ -3,19 +3,27 @@
 
 use super::scanner;
 use super::strings::{decode, write_number};
-use super::tree::{DecodeError, Kind, Node, SyntaxError, DECODE, ESCAPED};
+use super::tree::{DecodeError, Kind, Node, Nodes, ParseError, DECODE, ESCAPED};
 use std::borrow::Cow;
 
 /// A parsed document: the input and a flat, pre-order list of its values.
 pub(crate) struct Doc<'a> {
     src: &'a [u8],
-    nodes: Vec<Node>,
+    nodes: Nodes,
 }
 
 impl<'a> Doc<'a> {
     /// Parses and validates `src` (one JSON value, surrounding whitespace allowed).
-    pub(crate) fn parse(src: &'a [u8]) -> Result<Doc<'a>, SyntaxError> {
-        let nodes = scanner::parse(src)?;
+    #[cfg(test)]
+    pub(crate) fn parse(src: &'a [u8]) -> Result<Doc<'a>, ParseError> {
+        let nodes = scanner::parse(src, None)?;
+        Ok(Doc { src, nodes })
+    }
+
+    /// Like [`Doc::parse`], but a top-level object keeps only the members named in
+    /// `wanted`; the others are validated and left out of the index.
+    pub(crate) fn parse_members(src: &'a [u8], wanted: &[&str]) -> Result<Doc<'a>, ParseError> {
+        let nodes = scanner::parse(src, Some(wanted))?;
         Ok(Doc { src, nodes })
     }
 
@@ -33,13 +41,14 @@ impl<'a> Doc<'a> {
 #[derive(Clone, Copy)]
 pub(crate) struct Val<'d> {
     src: &'d [u8],
-    nodes: &'d [Node],
+    nodes: &'d Nodes,
     i: usize,
 }
 
 impl<'d> Val<'d> {
+    #[inline]
     fn node(&self) -> Node {
-        self.nodes[self.i]
+        self.nodes.get(self.i)
     }
 
     fn at(&self, i: usize) -> Val<'d> {

@@ -16,7 +16,7 @@ mod strings;
 mod tree;
 
 pub(crate) use document::{Doc, Val};
-pub(crate) use tree::{DecodeError, Kind};
+pub(crate) use tree::{DecodeError, Kind, ParseError};
 
 #[cfg(test)]
 mod tests {
@@ -127,5 +127,54 @@ mod tests {
                 format!("{}\n{}é", "a".repeat(n), "b".repeat(n))
             );
         }
+    }
+
+    #[test]
+    fn unwanted_members_are_validated_not_indexed() {
+        let src = br#"{"metadata":[1,2,{"x":[3]}],"messages":[{"role":"user"}],"n":5}"#;
+        let d = Doc::parse_members(src, &["messages", "model"]).unwrap();
+        let keys: Vec<_> = d
+            .root()
+            .members()
+            .map(|(k, _)| k.text().unwrap().into_owned())
+            .collect();
+        assert_eq!(keys, vec!["messages"]);
+        let (_, m) = d.root().members().next().unwrap();
+        assert_eq!(m.items().count(), 1);
+        // Still validated: an error inside a skipped member is an error.
+        for bad in [
+            &br#"{"metadata":[1,,2],"messages":[]}"#[..],
+            br#"{"metadata":"\x","messages":[]}"#,
+            b"{\"metadata\":\"\xff\",\"messages\":[]}",
+            br#"{"metadata":[1,2],"messages":[]"#,
+        ] {
+            assert!(Doc::parse_members(bad, &["messages"]).is_err(), "{bad:?}");
+            assert!(serde_json::from_slice::<serde_json::Value>(bad).is_err());
+        }
+        // Escaped keys are kept (compared decoded later), nested members always.
+        let d = Doc::parse_members(br#"{"m\u0065ssages":[],"x":{"y":1}}"#, &["messages"]).unwrap();
+        assert_eq!(d.root().members().count(), 1);
+    }
+
+    #[test]
+    fn values_are_capped_where_they_are_indexed_only() {
+        let n = 200_000;
+        let zeros = vec!["0"; n].join(",");
+        // 400 KB of body, 200k values: over the cap (one per 4 bytes + 4096) when indexed...
+        let indexed = format!(r#"{{"messages":[{zeros}]}}"#);
+        match Doc::parse_members(indexed.as_bytes(), &["messages"]) {
+            Err(ParseError::TooManyValues { limit }) => {
+                assert_eq!(limit, indexed.len() / 4 + 4096)
+            }
+            other => panic!("{:?}", other.map(|_| ())),
+        }
+        // ...and free in a member nobody reads.
+        let skipped = format!(r#"{{"metadata":[{zeros}],"messages":[]}}"#);
+        assert!(Doc::parse_members(skipped.as_bytes(), &["messages"]).is_ok());
+        // Token ids of four bytes each ("123,") fit.
+        let ids = vec!["123"; n].join(",");
+        assert!(
+            Doc::parse_members(format!(r#"{{"prompt":[{ids}]}}"#).as_bytes(), &["prompt"]).is_ok()
+        );
     }
 }

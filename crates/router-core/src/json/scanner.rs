@@ -3,7 +3,7 @@
 //! block at a time for the bytes that end a plain run.
 
 use super::strings::hex4;
-use super::tree::{Kind, Node, SyntaxError, DECODE, ESCAPED, PLAIN_INT};
+use super::tree::{Kind, Nodes, ParseError, DECODE, ESCAPED, OFFSET_BITS, PLAIN_INT};
 
 /// Deepest nesting accepted (serde_json's default recursion limit).
 const MAX_DEPTH: u32 = 128;
@@ -65,11 +65,13 @@ fn plain_windows(src: &[u8], mut i: usize, seen: &mut u8) -> usize {
 }
 
 /// Parses and validates `src` (one JSON value, surrounding whitespace allowed) into its
-/// nodes, in pre-order.
-pub(super) fn parse(src: &[u8]) -> Result<Vec<Node>, SyntaxError> {
-    if src.len() > u32::MAX as usize {
-        return Err(SyntaxError {
-            message: "document too large",
+/// nodes, in pre-order. With `wanted`, members of a top-level object whose names are not
+/// in it are validated and skipped, not indexed: a field the router never reads costs no
+/// memory however many values it holds.
+pub(super) fn parse(src: &[u8], wanted: Option<&[&str]>) -> Result<Nodes, ParseError> {
+    if src.len() >= 1 << OFFSET_BITS {
+        return Err(ParseError::Syntax {
+            message: "document too large (64 MiB at most)",
             at: 0,
         });
     }
@@ -77,8 +79,9 @@ pub(super) fn parse(src: &[u8]) -> Result<Vec<Node>, SyntaxError> {
         src,
         pos: 0,
         depth: 0,
-        // Agent bodies hold few, long values; this avoids most regrowth.
-        nodes: Vec::with_capacity(64 + src.len() / 512),
+        nodes: Nodes::for_document(src.len()),
+        skipping: 0,
+        wanted,
     };
     p.value()?;
     p.ws();
@@ -92,12 +95,18 @@ struct Parser<'a> {
     src: &'a [u8],
     pos: usize,
     depth: u32,
-    nodes: Vec<Node>,
+    nodes: Nodes,
+    /// Depth of skipped values being validated (nothing is indexed while above 0).
+    skipping: u32,
+    wanted: Option<&'a [&'a str]>,
 }
 
+/// Returned by [`Parser::push`] for a value that was skipped.
+const SKIPPED: usize = usize::MAX;
+
 impl Parser<'_> {
-    fn err(&self, message: &'static str) -> SyntaxError {
-        SyntaxError {
+    fn err(&self, message: &'static str) -> ParseError {
+        ParseError::Syntax {
             message,
             at: self.pos,
         }
@@ -109,18 +118,32 @@ impl Parser<'_> {
         }
     }
 
-    fn push(&mut self, kind: Kind, flags: u8, start: usize) -> usize {
-        self.nodes.push(Node {
-            kind,
-            flags,
-            start: start as u32,
-            end: self.pos as u32,
-            after: self.nodes.len() as u32 + 1,
-        });
-        self.nodes.len() - 1
+    fn push(&mut self, kind: Kind, flags: u8, start: usize) -> Result<usize, ParseError> {
+        if self.skipping > 0 {
+            return Ok(SKIPPED);
+        }
+        if self.nodes.len() >= self.nodes.limit() {
+            return Err(ParseError::TooManyValues {
+                limit: self.nodes.limit(),
+            });
+        }
+        Ok(self.nodes.push(kind, flags, start as u32, self.pos as u32))
     }
 
-    fn value(&mut self) -> Result<(), SyntaxError> {
+    /// Whether the member named by the key string at `src[key_start..self.pos]` is to be
+    /// indexed: always below the top level; at the top, when it is wanted (a key written
+    /// with escapes is indexed, to be compared decoded).
+    fn indexed(&self, key_start: usize, key_flags: u8) -> bool {
+        match self.wanted {
+            Some(names) if self.depth == 1 && key_flags & ESCAPED == 0 => {
+                let key = &self.src[key_start + 1..self.pos - 1];
+                names.iter().any(|n| n.as_bytes() == key)
+            }
+            _ => true,
+        }
+    }
+
+    fn value(&mut self) -> Result<(), ParseError> {
         self.ws();
         let start = self.pos;
         match self.src.get(self.pos) {
@@ -129,7 +152,7 @@ impl Parser<'_> {
             Some(b'[') => self.container(Kind::Arr),
             Some(b'"') => {
                 let flags = self.string()?;
-                self.push(Kind::Str, flags, start);
+                self.push(Kind::Str, flags, start)?;
                 Ok(())
             }
             Some(b't') => self.literal(b"true", Kind::Bool),
@@ -137,20 +160,20 @@ impl Parser<'_> {
             Some(b'n') => self.literal(b"null", Kind::Null),
             Some(b'-' | b'0'..=b'9') => {
                 let flags = self.number()?;
-                self.push(Kind::Num, flags, start);
+                self.push(Kind::Num, flags, start)?;
                 Ok(())
             }
             Some(_) => Err(self.err("expected value")),
         }
     }
 
-    fn literal(&mut self, word: &'static [u8], kind: Kind) -> Result<(), SyntaxError> {
+    fn literal(&mut self, word: &'static [u8], kind: Kind) -> Result<(), ParseError> {
         let start = self.pos;
         if self.src.get(start..start + word.len()) != Some(word) {
             return Err(self.err("expected value"));
         }
         self.pos += word.len();
-        self.push(kind, 0, start);
+        self.push(kind, 0, start)?;
         Ok(())
     }
 
@@ -162,7 +185,7 @@ impl Parser<'_> {
         self.pos - from
     }
 
-    fn number(&mut self) -> Result<u8, SyntaxError> {
+    fn number(&mut self) -> Result<u8, ParseError> {
         let mut plain = true;
         if self.src.get(self.pos) == Some(&b'-') {
             plain = false;
@@ -204,7 +227,7 @@ impl Parser<'_> {
     /// Whole blocks are classified at once and every escape in a block is handled from the
     /// block's bit mask, so escape-dense text (code: a `\n` every few dozen bytes) is not
     /// rescanned after each one.
-    fn string(&mut self) -> Result<u8, SyntaxError> {
+    fn string(&mut self) -> Result<u8, ParseError> {
         let src = self.src;
         let body = self.pos + 1;
         let mut i = body;
@@ -296,13 +319,13 @@ impl Parser<'_> {
         Ok(flags)
     }
 
-    fn container(&mut self, kind: Kind) -> Result<(), SyntaxError> {
+    fn container(&mut self, kind: Kind) -> Result<(), ParseError> {
         if self.depth >= MAX_DEPTH {
             return Err(self.err("recursion limit exceeded"));
         }
         self.depth += 1;
         let start = self.pos;
-        let idx = self.push(kind, 0, start);
+        let idx = self.push(kind, 0, start)?;
         let close = if kind == Kind::Obj { b'}' } else { b']' };
         self.pos += 1;
         self.ws();
@@ -317,12 +340,34 @@ impl Parser<'_> {
                         return Err(self.err("key must be a string"));
                     }
                     let flags = self.string()?;
-                    self.push(Kind::Str, flags, key_start);
+                    let keep = self.indexed(key_start, flags);
+                    if keep {
+                        self.push(Kind::Str, flags, key_start)?;
+                    }
                     self.ws();
                     if self.src.get(self.pos) != Some(&b':') {
                         return Err(self.err("expected ':'"));
                     }
                     self.pos += 1;
+                    if !keep {
+                        self.skipping += 1;
+                        let r = self.value();
+                        self.skipping -= 1;
+                        r?;
+                        self.ws();
+                        match self.src.get(self.pos) {
+                            Some(b',') => {
+                                self.pos += 1;
+                                continue;
+                            }
+                            Some(c) if *c == close => {
+                                self.pos += 1;
+                                break;
+                            }
+                            None => return Err(self.err("EOF while parsing a list or object")),
+                            Some(_) => return Err(self.err("expected ',' or a closing bracket")),
+                        }
+                    }
                 }
                 self.value()?;
                 self.ws();
@@ -337,10 +382,10 @@ impl Parser<'_> {
                 }
             }
         }
-        let after = self.nodes.len() as u32;
-        let n = &mut self.nodes[idx];
-        n.end = self.pos as u32;
-        n.after = after;
+        if idx != SKIPPED {
+            let after = self.nodes.len() as u32;
+            self.nodes.close(idx, after);
+        }
         self.depth -= 1;
         Ok(())
     }

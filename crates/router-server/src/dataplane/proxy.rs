@@ -7,9 +7,9 @@ use super::upstream::Lease;
 use crate::config::Config;
 use crate::response::{ApiError, ErrorShape, RespBody};
 use crate::state::{RankState, Upstream};
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::{header, HeaderMap, HeaderValue, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use router_core::{
     fingerprint_json, select, Candidate, CanonError, Endpoint, Fingerprints, Reason, RouteInput,
@@ -35,41 +35,134 @@ fn is_hop(name: &header::HeaderName) -> bool {
     HOP.contains(&name.as_str()) || name == header::TRANSFER_ENCODING
 }
 
+/// Initial buffer for a body that does not declare its length.
+const UNSIZED_BODY: usize = 16 << 10;
+/// Bodies from this size on are read into their own anonymous memory mapping, unmapped
+/// when the request ends: the allocator would keep the freed memory of a large body for
+/// reuse, and the process would stay as large as its largest requests.
+const MAPPED_BODY: usize = 1 << 20;
+
+/// A body in its own mapping (`len` bytes of it used).
+struct Mapped {
+    map: memmap2::MmapMut,
+    len: usize,
+}
+
+impl AsRef<[u8]> for Mapped {
+    fn as_ref(&self) -> &[u8] {
+        &self.map[..self.len]
+    }
+}
+
+/// Where a body is read to.
+enum BodyBuf {
+    Heap(BytesMut),
+    Mapped(Mapped),
+}
+
+impl BodyBuf {
+    fn with_size(size: usize) -> std::io::Result<BodyBuf> {
+        Ok(if size >= MAPPED_BODY {
+            BodyBuf::Mapped(Mapped {
+                map: memmap2::MmapMut::map_anon(size)?,
+                len: 0,
+            })
+        } else {
+            BodyBuf::Heap(BytesMut::with_capacity(size))
+        })
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            BodyBuf::Heap(b) => b.len(),
+            BodyBuf::Mapped(m) => m.len,
+        }
+    }
+
+    /// Appends `data`; the caller checked it fits within `limit`. A heap buffer that
+    /// grows past [`MAPPED_BODY`] moves into a mapping of `limit` bytes (address space
+    /// only: pages are backed as they are written).
+    fn put(&mut self, data: &[u8], limit: usize) -> std::io::Result<()> {
+        if let BodyBuf::Heap(b) = self {
+            if b.len() + data.len() >= MAPPED_BODY {
+                let mut m = Mapped {
+                    map: memmap2::MmapMut::map_anon(limit)?,
+                    len: b.len(),
+                };
+                m.map[..b.len()].copy_from_slice(b);
+                *self = BodyBuf::Mapped(m);
+            }
+        }
+        match self {
+            BodyBuf::Heap(b) => b.extend_from_slice(data),
+            BodyBuf::Mapped(m) => {
+                m.map[m.len..m.len + data.len()].copy_from_slice(data);
+                m.len += data.len();
+            }
+        }
+        Ok(())
+    }
+
+    fn freeze(self) -> Bytes {
+        match self {
+            BodyBuf::Heap(b) => b.freeze(),
+            BodyBuf::Mapped(m) => Bytes::from_owner(m),
+        }
+    }
+}
+
+/// Reads the whole body into one buffer: sized by `content-length` when the client gives
+/// it (one allocation, no copy of copies), and never past `limits.max_body_bytes`.
 async fn read_body(
     ctx: &Ctx,
     req: Request<Incoming>,
 ) -> Result<(http::request::Parts, Bytes), ApiError> {
     let limit = ctx.cfg.limits.max_body_bytes;
-    if let Some(len) = req
+    let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-    {
-        if len > limit {
-            return Err(ApiError::body_too_large(limit));
-        }
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit) {
+        return Err(ApiError::body_too_large(limit));
     }
-    let (parts, body) = req.into_parts();
-    let collected = tokio::time::timeout(
-        Duration::from_millis(ctx.cfg.timeouts.client_body_ms),
-        Limited::new(body, limit as usize).collect(),
-    )
-    .await
-    .map_err(|_| ApiError::client_timeout())?;
-    match collected {
-        Ok(c) => Ok((parts, c.to_bytes())),
-        Err(e)
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some() =>
-        {
-            Err(ApiError::body_too_large(limit))
+    let (parts, mut body) = req.into_parts();
+    let no_memory = |e: std::io::Error| {
+        ApiError::bad_request("body_read_error", format!("cannot buffer the body: {e}"))
+    };
+    let size = declared
+        .map_or(UNSIZED_BODY, |l| l as usize)
+        .min(limit as usize);
+    let mut buf = BodyBuf::with_size(size).map_err(no_memory)?;
+    let read = async {
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| {
+                ApiError::bad_request(
+                    "body_read_error",
+                    format!("could not read the request body: {e}"),
+                )
+            })?;
+            if let Ok(data) = frame.into_data() {
+                let fits = declared.map_or(limit, |d| d.min(limit));
+                if (buf.len() + data.len()) as u64 > fits {
+                    return Err(if (buf.len() + data.len()) as u64 > limit {
+                        ApiError::body_too_large(limit)
+                    } else {
+                        ApiError::bad_request(
+                            "body_read_error",
+                            "the body is longer than its content-length",
+                        )
+                    });
+                }
+                buf.put(&data, limit as usize).map_err(no_memory)?;
+            }
         }
-        Err(e) => Err(ApiError::bad_request(
-            "body_read_error",
-            format!("could not read the request body: {e}"),
-        )),
-    }
+        Ok(())
+    };
+    tokio::time::timeout(Duration::from_millis(ctx.cfg.timeouts.client_body_ms), read)
+        .await
+        .map_err(|_| ApiError::client_timeout())??;
+    Ok((parts, buf.freeze()))
 }
 
 /// Puts `"routed_dp_rank": dp` last in the top-level object, so it wins over any value the
@@ -109,6 +202,7 @@ pub async fn inference(
     let t_body = started.elapsed();
     let print = fingerprint_json(ep, &body, &ctx.cfg.fingerprint).map_err(|e| match e {
         CanonError::Json(_) => ApiError::bad_request("invalid_json", e.to_string()),
+        CanonError::TooManyValues { .. } => ApiError::too_many_values(e.to_string()),
         _ => ApiError::bad_request("invalid_request", e.to_string()),
     })?;
     let fps = print.fingerprints;
