@@ -1,7 +1,7 @@
 //! A cluster of real `router` processes for the integration tests: start, kill -9,
 //! restart from the same data directory, read `/health`.
 
-use crate::{client, free_addr, start_router, Proc, TempDir};
+use crate::{client, free_addr, start_router, Proc, TempDir, ADMIN_TOKEN};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -59,9 +59,11 @@ impl Pki {
     }
 }
 
-/// GET `/health` as JSON (None when the peer does not answer in 2 s).
+/// GET `/health` with the admin token (the detailed answer: upstreams and Raft status), as
+/// JSON (None when the peer does not answer in 2 s).
 pub async fn health(addr: SocketAddr) -> Option<serde_json::Value> {
     let req = http::Request::get(format!("http://{addr}/health"))
+        .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
         .body(http_body_util::Full::new(bytes::Bytes::new()))
         .ok()?;
     let resp = tokio::time::timeout(Duration::from_secs(2), client().request(req))
@@ -185,7 +187,13 @@ impl Cluster {
 
     /// (Re)starts peer `i` with its config and data directory.
     pub async fn spawn(&mut self, i: usize) {
-        let p = start_router(&self.dirs[i], &self.tomls[i], &[], self.http[i]).await;
+        let p = start_router(
+            &self.dirs[i],
+            &self.tomls[i],
+            &[("ROUTER_ADMIN_TOKEN", ADMIN_TOKEN)],
+            self.http[i],
+        )
+        .await;
         self.procs[i] = Some(p);
     }
 

@@ -15,6 +15,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+/// The admin token the test clusters run with (the detailed `/health` needs it).
+pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
+
 /// The workspace root.
 pub fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

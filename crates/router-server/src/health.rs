@@ -3,6 +3,7 @@
 
 use crate::client::UpstreamClient;
 use crate::config::HealthConfig;
+use crate::identity::{self, RouterId};
 use crate::state::{RoutingState, Upstream};
 use bytes::Bytes;
 use http_body_util::Full;
@@ -49,6 +50,7 @@ pub fn spawn(
     state: Arc<dyn RoutingState>,
     client: UpstreamClient,
     token: Option<String>,
+    id: RouterId,
 ) -> HealthReporter {
     let (tx, mut rx) = mpsc::channel::<Observation>(4096);
     tokio::spawn(async move {
@@ -66,8 +68,9 @@ pub fn spawn(
                         let tx = probe_tx.clone();
                         let timeout = Duration::from_millis(cfg.timeout_ms);
                         let token = token.clone();
+                        let id = id.clone();
                         tokio::spawn(async move {
-                            let ok = probe(&client, &uri, token.as_deref(), timeout).await;
+                            let ok = probe(&client, &uri, token.as_deref(), timeout, &id).await;
                             let _ = tx.send(Observation { url, ok }).await;
                         });
                     }
@@ -103,8 +106,16 @@ pub fn spawn(
     HealthReporter(tx)
 }
 
-async fn probe(client: &UpstreamClient, uri: &str, token: Option<&str>, timeout: Duration) -> bool {
-    let mut b = http::Request::get(uri);
+/// One probe: healthy when the engine answers 2xx in time, and is not this router (a URL
+/// that answers with this router's id is never healthy: sending it requests would loop).
+async fn probe(
+    client: &UpstreamClient,
+    uri: &str,
+    token: Option<&str>,
+    timeout: Duration,
+    me: &RouterId,
+) -> bool {
+    let mut b = http::Request::get(uri).header(identity::HEADER, me.header());
     if let Some(t) = token {
         b = b.header(http::header::AUTHORIZATION, format!("Bearer {t}"));
     }
@@ -112,6 +123,10 @@ async fn probe(client: &UpstreamClient, uri: &str, token: Option<&str>, timeout:
         return false;
     };
     match tokio::time::timeout(timeout, client.request(req)).await {
+        Ok(Ok(resp)) if me.is_in(resp.headers()) => {
+            tracing::warn!(%uri, "upstream is this router (or a peer of its cluster), not an engine");
+            false
+        }
         Ok(Ok(resp)) => resp.status().is_success(),
         _ => false,
     }

@@ -16,6 +16,7 @@ pub mod client;
 pub mod config;
 pub mod dataplane;
 pub mod health;
+pub mod identity;
 pub mod metrics;
 pub mod response;
 pub mod state;
@@ -23,6 +24,7 @@ pub mod tls;
 
 use config::Config;
 use dataplane::{Ctx, Pool};
+use identity::RouterId;
 use metrics::Metrics;
 use router_proto::v1::admin_server::AdminServer;
 use state::{ClusterState, LocalState, RoutingState, Topology};
@@ -48,6 +50,8 @@ pub async fn run(cfg: Config, shutdown: watch::Receiver<bool>) -> anyhow::Result
         None => None,
     };
     let metrics = Arc::new(Metrics::default());
+    let id = RouterId::new(cfg.cluster.as_ref().map(|c| c.cluster_id.as_str()));
+    let client = client::upstream_client(&cfg);
     let state: Arc<dyn RoutingState> = match &cfg.cluster {
         Some(c) => {
             let cs = ClusterState::start(&cfg, c, metrics.clone()).await?;
@@ -55,6 +59,8 @@ pub async fn run(cfg: Config, shutdown: watch::Receiver<bool>) -> anyhow::Result
                 cs.clone(),
                 cfg.admin_token.clone(),
                 cfg.cache.default_capacity_tokens,
+                client.clone(),
+                id.clone(),
             );
             cs.serve(tonic::service::Routes::new(AdminServer::new(admin)))
                 .await?;
@@ -70,14 +76,14 @@ pub async fn run(cfg: Config, shutdown: watch::Receiver<bool>) -> anyhow::Result
             )
         }
     };
-    let client = client::upstream_client(&cfg);
     let health = health::spawn(
         cfg.health.clone(),
         state.clone(),
         client.clone(),
         cfg.upstream_token.clone(),
+        id.clone(),
     );
-    let ctx = Arc::new(Ctx::new(cfg.clone(), state, client, metrics, health));
+    let ctx = Arc::new(Ctx::new(cfg.clone(), state, client, metrics, health, id));
     tokio::spawn(Pool::sweeper(Arc::downgrade(&ctx.pool)));
     tracing::info!(
         listen = %cfg.listen,

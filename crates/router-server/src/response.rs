@@ -187,6 +187,17 @@ impl ApiError {
         )
     }
 
+    /// 508: the request came back to this router (its upstream is a router of its own
+    /// cluster, or routers forward to each other in a circle).
+    pub fn loop_detected(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::LOOP_DETECTED,
+            "invalid_request_error",
+            "routing_loop",
+            message,
+        )
+    }
+
     /// 503: nothing to send the request to.
     pub fn no_upstream() -> Self {
         Self::new(

@@ -11,7 +11,7 @@ use router_tests::*;
 use std::time::{Duration, Instant};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
-const TOKEN: &str = "test-admin-token-0123456789";
+const TOKEN: &str = ADMIN_TOKEN;
 
 struct Ctl {
     router: String,

@@ -97,11 +97,13 @@ async fn no_healthy_upstream_gives_503() {
 async fn health_probes_take_an_upstream_out_and_bring_it_back() {
     let r = router("probe")
         .engines(2)
+        .env("ROUTER_ADMIN_TOKEN", ADMIN_TOKEN)
         .table("[health]\ninterval_ms = 50\nfall = 2\nrise = 2")
         .start()
         .await;
     let e = &r.engines;
-    let health = || async { send("GET", &r.url("/health"), "", &[]).await };
+    let auth = format!("Bearer {ADMIN_TOKEN}");
+    let health = || async { send("GET", &r.url("/health"), "", &[("authorization", &auth)]).await };
     let up_of = |h: &Reply, i: usize| h.json()["upstreams"][i]["up"].as_bool().unwrap();
     let wait = |what: &'static str, f: fn(&Reply) -> bool| {
         let health = &health;
@@ -275,4 +277,92 @@ async fn idle_upstream_connections_expire() {
     tokio::time::sleep(Duration::from_millis(2500)).await;
     ok(post(&url, &Conversation::new(9, 1000).body("m", false), &[]).await);
     assert_eq!(conns(), before + 1, "an expired connection was reused");
+}
+
+/// A router never becomes its own upstream: a join of its own URL is refused, a request
+/// that comes back to it is refused on the wire (508, before the key check, so it is not
+/// mistaken for a client without a key), and health probes mark such an upstream down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_never_becomes_its_own_upstream() {
+    let r = router("self-join")
+        .engines(1)
+        .env("ROUTER_ADMIN_TOKEN", ADMIN_TOKEN)
+        .start()
+        .await;
+    let auth = format!("Bearer {ADMIN_TOKEN}");
+    let own = format!("http%3A%2F%2F{}", r.addr);
+    let x = send(
+        "POST",
+        &r.url(&format!("/add_worker?url={own}")),
+        "",
+        &[("authorization", &auth)],
+    )
+    .await;
+    assert_eq!(x.status, 400, "{}", String::from_utf8_lossy(&x.body));
+    assert_eq!(x.json()["error"]["code"], "invalid_url");
+    assert!(x.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("this router"));
+    let list = send(
+        "GET",
+        &r.url("/list_workers"),
+        "",
+        &[("authorization", &auth)],
+    )
+    .await;
+    assert_eq!(list.json()["urls"].as_array().unwrap().len(), 1);
+
+    // Configured as its own upstream (probes too rare to have marked it down yet), with a
+    // client key: the looped request is refused once, and the client gets a 508.
+    let addr = free_addr();
+    let dir = TempDir::new("self-loop");
+    let toml = format!(
+        "listen = \"{addr}\"\napi_key = \"client-key-1\"\n[health]\ninterval_ms = 60000\n[[upstreams]]\nurl = \"http://{addr}\"\n"
+    );
+    let _p = start_router(&dir, &toml, &[], addr).await;
+    let t = std::time::Instant::now();
+    let x = post(
+        &format!("http://{addr}/v1/chat/completions"),
+        &Conversation::new(1, 100).body("m", false),
+        &[("authorization", "Bearer client-key-1")],
+    )
+    .await;
+    assert_eq!(x.status, 508, "{}", String::from_utf8_lossy(&x.body));
+    assert_eq!(x.json()["error"]["code"], "routing_loop");
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    assert_eq!(
+        send("GET", &format!("http://{addr}/health"), "", &[])
+            .await
+            .status,
+        200
+    );
+
+    // With probes on, the self-upstream is marked down: nothing is sent to it.
+    let addr = free_addr();
+    let dir = TempDir::new("self-probe");
+    let toml = format!(
+        "listen = \"{addr}\"\n[health]\ninterval_ms = 50\nfall = 2\n[[upstreams]]\nurl = \"http://{addr}\"\n"
+    );
+    let _p = start_router(&dir, &toml, &[], addr).await;
+    let mut down = false;
+    for _ in 0..100 {
+        if send("GET", &format!("http://{addr}/health"), "", &[])
+            .await
+            .status
+            == 503
+        {
+            down = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(down, "a router probing itself kept itself up");
+    let x = post(
+        &format!("http://{addr}/v1/chat/completions"),
+        &Conversation::new(2, 100).body("m", false),
+        &[],
+    )
+    .await;
+    assert_eq!(x.json()["error"]["code"], "no_healthy_upstream");
 }

@@ -30,6 +30,16 @@ pub fn bearer(v: Option<&str>) -> Option<&str> {
     })
 }
 
+/// Whether `headers` carry the configured admin token.
+pub fn is_admin(configured: Option<&str>, headers: &http::HeaderMap) -> bool {
+    let presented = bearer(
+        headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok()),
+    );
+    check_token(configured, presented).is_ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

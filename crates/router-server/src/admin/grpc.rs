@@ -4,10 +4,13 @@
 
 use super::auth::{bearer, check_token};
 use super::error::AdminError;
+use super::self_check::not_this_router;
 use super::servers::server_infos;
+use crate::client::UpstreamClient;
+use crate::identity::RouterId;
 use crate::state::{Changed, ClusterState, RoutingState};
 use router_cluster::MembershipError;
-use router_core::{parse_upstream_url, Command, Outcome};
+use router_core::{parse_upstream_url, Command, Outcome, UpstreamUrl};
 use router_proto::v1::admin_client::AdminClient;
 use router_proto::v1::admin_server::Admin;
 use router_proto::v1::{
@@ -26,6 +29,8 @@ pub struct AdminService {
     state: Arc<ClusterState>,
     token: Option<String>,
     default_capacity: u64,
+    client: UpstreamClient,
+    id: RouterId,
 }
 
 fn reply(message: String, ranks: Vec<u32>) -> Response<AdminReply> {
@@ -39,18 +44,29 @@ fn reply(message: String, ranks: Vec<u32>) -> Response<AdminReply> {
 
 /// The normalized URL, or why it is not a server URL.
 fn server_url(url: &str) -> Result<String, AdminError> {
-    parse_upstream_url(url)
-        .map(|u| u.url)
-        .map_err(|e| AdminError::InvalidUrl(format!("'{}': {e}", url.trim())))
+    parsed_url(url).map(|u| u.url)
+}
+
+fn parsed_url(url: &str) -> Result<UpstreamUrl, AdminError> {
+    parse_upstream_url(url).map_err(|e| AdminError::InvalidUrl(format!("'{}': {e}", url.trim())))
 }
 
 impl AdminService {
-    /// Serves `state`; `token` unset refuses every call.
-    pub fn new(state: Arc<ClusterState>, token: Option<String>, default_capacity: u64) -> Self {
+    /// Serves `state`; `token` unset refuses every call. `client` and `id` let a join
+    /// refuse a URL that is this router.
+    pub fn new(
+        state: Arc<ClusterState>,
+        token: Option<String>,
+        default_capacity: u64,
+        client: UpstreamClient,
+        id: RouterId,
+    ) -> Self {
         AdminService {
             state,
             token,
             default_capacity,
+            client,
+            id,
         }
     }
 
@@ -113,9 +129,10 @@ impl Admin for AdminService {
     async fn join(&self, req: Request<JoinRequest>) -> Result<Response<AdminReply>, Status> {
         self.auth(&req)?;
         let j = req.into_inner();
-        let url = server_url(&j.url)?;
+        let u = parsed_url(&j.url)?;
+        not_this_router(&self.client, &self.id, &u.url, &u.authority).await?;
         self.apply(Command::JoinServer {
-            url,
+            url: u.url,
             ranks: j.ranks.max(1),
             capacity_tokens: if j.capacity_tokens == 0 {
                 self.default_capacity

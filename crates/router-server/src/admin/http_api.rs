@@ -4,7 +4,10 @@
 
 use super::auth::{bearer, check_token};
 use super::error::AdminError;
+use super::self_check::not_this_router;
 use super::servers::server_infos;
+use crate::client::UpstreamClient;
+use crate::identity::RouterId;
 use crate::response::{json_response, ApiError, RespBody};
 use crate::state::RoutingState;
 use http::{header, Method, Request, Response, StatusCode};
@@ -14,6 +17,10 @@ use router_core::{parse_upstream_url, Command, Outcome};
 pub struct AdminHttp<'a> {
     /// The routing state to change.
     pub state: &'a dyn RoutingState,
+    /// For asking a joining URL whether it is this router.
+    pub client: &'a UpstreamClient,
+    /// This router's id.
+    pub id: &'a RouterId,
     /// The configured admin token (None: admin disabled).
     pub token: Option<&'a str>,
     /// KV capacity of a joined server's ranks when the call gives none.
@@ -98,9 +105,9 @@ pub async fn handle<B>(
     let bad_url = |m: String| ApiError::from(AdminError::InvalidUrl(m));
     let raw = query_param(req.uri(), "url")
         .ok_or_else(|| bad_url("pass the server as ?url=http://host:port".into()))?;
-    let url = parse_upstream_url(&raw)
-        .map_err(|e| bad_url(format!("url '{}': {e}", raw.trim())))?
-        .url;
+    let parsed =
+        parse_upstream_url(&raw).map_err(|e| bad_url(format!("url '{}': {e}", raw.trim())))?;
+    let url = parsed.url;
     let bad = |m: String| ApiError::from(AdminError::InvalidRequest(m));
     let num = |k: &str| -> Result<Option<f64>, ApiError> {
         match query_param(req.uri(), k) {
@@ -114,6 +121,7 @@ pub async fn handle<B>(
         }
     };
     let cmd = if path == "/add_worker" {
+        not_this_router(a.client, a.id, &url, &parsed.authority).await?;
         Command::JoinServer {
             url: url.clone(),
             ranks: num("ranks")?.map_or(1, |v| v as u32),

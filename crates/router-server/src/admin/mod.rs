@@ -6,8 +6,10 @@ mod auth;
 mod error;
 mod grpc;
 mod http_api;
+mod self_check;
 mod servers;
 
+pub use auth::is_admin;
 pub use error::AdminError;
 pub use grpc::AdminService;
 pub use http_api::{handle as handle_http, AdminHttp};

@@ -4,6 +4,7 @@ use super::upstream::{Pool, PoolConfig};
 use crate::client::UpstreamClient;
 use crate::config::Config;
 use crate::health::HealthReporter;
+use crate::identity::RouterId;
 use crate::metrics::Metrics;
 use crate::state::RoutingState;
 use std::sync::atomic::AtomicU64;
@@ -29,6 +30,8 @@ pub struct Ctx {
     pub health: HealthReporter,
     /// Tie-break rotation counter (shared by every data-plane thread).
     pub tie: Arc<AtomicU64>,
+    /// This router on the wire (loop detection).
+    pub id: RouterId,
 }
 
 /// The data plane's upstream pool settings from config.
@@ -48,6 +51,7 @@ impl Ctx {
         client: UpstreamClient,
         metrics: Arc<Metrics>,
         health: HealthReporter,
+        id: RouterId,
     ) -> Ctx {
         Ctx {
             pool: Pool::new(pool_config(&cfg)),
@@ -57,6 +61,7 @@ impl Ctx {
             metrics,
             health,
             tie: Arc::new(AtomicU64::new(0)),
+            id,
         }
     }
 
@@ -72,6 +77,7 @@ impl Ctx {
             metrics: self.metrics.clone(),
             health: self.health.clone(),
             tie: self.tie.clone(),
+            id: self.id.clone(),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The router's own endpoints: `/health`, `/metrics` and the `/v1/models` union.
 
 use super::ctx::Ctx;
+use crate::identity;
 use crate::metrics::UpstreamSample;
 use crate::response::{full, json_response, ApiError, RespBody};
 use crate::state::ClusterView;
@@ -11,7 +12,10 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub async fn health(ctx: &Ctx) -> Response<RespBody> {
+/// `GET /health`: the verdict and counts for anyone (load balancers, probes); with
+/// `detailed` (the admin token, or the metrics listener) also each upstream and the Raft
+/// status. Carries this router's id, so a join of its own URL can be refused.
+pub async fn health(ctx: &Ctx, detailed: bool) -> Response<RespBody> {
     let topo = ctx.state.topology();
     let total = topo.upstreams.len();
     let up = topo.upstreams.iter().filter(|u| u.up.load(Relaxed)).count();
@@ -22,19 +26,27 @@ pub async fn health(ctx: &Ctx) -> Response<RespBody> {
     } else {
         ("unavailable", StatusCode::SERVICE_UNAVAILABLE)
     };
-    let ups: Vec<serde_json::Value> = topo
-        .upstreams
-        .iter()
-        .map(|u| {
-            let inflight: u64 = topo.ranks_of(u).map(|r| r.inflight.load(Relaxed)).sum();
-            serde_json::json!({"url": &*u.url, "up": u.up.load(Relaxed), "accepting": u.accepting.load(Relaxed), "inflight": inflight})
-        })
-        .collect();
-    let mut body = serde_json::json!({"status": status, "upstreams_up": up, "upstreams_total": total, "upstreams": ups});
-    if let Some(c) = ctx.state.cluster_status().await {
-        body["cluster"] = cluster_json(&c);
+    let mut body =
+        serde_json::json!({"status": status, "upstreams_up": up, "upstreams_total": total});
+    if detailed {
+        let ups: Vec<serde_json::Value> = topo
+            .upstreams
+            .iter()
+            .map(|u| {
+                let inflight: u64 = topo.ranks_of(u).map(|r| r.inflight.load(Relaxed)).sum();
+                serde_json::json!({"url": &*u.url, "up": u.up.load(Relaxed), "accepting": u.accepting.load(Relaxed), "inflight": inflight})
+            })
+            .collect();
+        body["upstreams"] = ups.into();
+        drop(topo);
+        if let Some(c) = ctx.state.cluster_status().await {
+            body["cluster"] = cluster_json(&c);
+        }
     }
-    json_response(code, &body)
+    let mut r = json_response(code, &body);
+    r.headers_mut()
+        .insert(identity::HEADER, ctx.id.header().clone());
+    r
 }
 
 pub fn metrics(ctx: &Ctx) -> Response<RespBody> {
@@ -90,8 +102,9 @@ pub async fn models(ctx: &Arc<Ctx>) -> Result<Response<RespBody>, ApiError> {
         let uri = format!("http://{}/v1/models", u.authority);
         let client = ctx.client.clone();
         let token = ctx.cfg.upstream_token.clone();
+        let id = ctx.id.header().clone();
         async move {
-            let mut b = Request::get(uri);
+            let mut b = Request::get(uri).header(identity::HEADER, id);
             if let Some(t) = token {
                 b = b.header(header::AUTHORIZATION, format!("Bearer {t}"));
             }

@@ -5,6 +5,7 @@ use super::ctx::Ctx;
 use super::relay::{LoadGuard, RelayBody};
 use super::upstream::Lease;
 use crate::config::Config;
+use crate::identity::{self, RouterId};
 use crate::response::{ApiError, ErrorShape, RespBody};
 use crate::state::{RankState, Upstream};
 use bytes::{Bytes, BytesMut};
@@ -304,7 +305,7 @@ async fn send_with_retries(
             Some(dp) => with_dp_rank(body, dp),
             None => body.clone(),
         };
-        let req = upstream_request(cfg, parts, up, body)?;
+        let req = upstream_request(cfg, &ctx.id, parts, up, body)?;
         let guard = LoadGuard::new(rank.clone(), p.prefill);
         rank.requests.fetch_add(1, Relaxed);
         let more = i + 1 < attempts;
@@ -362,6 +363,7 @@ async fn send_with_retries(
 
 fn upstream_request(
     cfg: &Config,
+    ctx_id: &RouterId,
     parts: &http::request::Parts,
     up: &Upstream,
     body: Bytes,
@@ -389,6 +391,7 @@ fn upstream_request(
         h.append(k.clone(), v.clone());
     }
     h.insert(header::HOST, up.host.clone());
+    h.append(identity::HEADER, ctx_id.header().clone());
     if let Some(t) = &cfg.upstream_token {
         if let Ok(v) = HeaderValue::from_str(&format!("Bearer {t}")) {
             h.insert(header::AUTHORIZATION, v);

@@ -4,7 +4,8 @@
 
 use super::ctx::Ctx;
 use super::{endpoints, proxy};
-use crate::admin::{handle_http, AdminHttp};
+use crate::admin::{handle_http, is_admin, AdminHttp};
+use crate::identity::{self, Loop};
 use crate::metrics::Route;
 use crate::response::{ApiError, ErrorShape, RespBody};
 use http::{header, HeaderMap, Method, Request, Response};
@@ -60,12 +61,17 @@ async fn dispatch(
 ) -> Result<Response<RespBody>, ApiError> {
     check_header_size(req.headers(), req.uri(), ctx.cfg.limits.max_header_bytes)?;
     match route {
-        Route::Health => return Ok(endpoints::health(ctx).await),
+        Route::Health => {
+            let detailed = metrics_only || is_admin(ctx.cfg.admin_token.as_deref(), req.headers());
+            return Ok(endpoints::health(ctx, detailed).await);
+        }
         Route::Metrics => return Ok(endpoints::metrics(ctx)),
         _ if metrics_only => return Err(ApiError::not_found(path)),
         Route::Admin => {
             let admin = AdminHttp {
                 state: &*ctx.state,
+                client: &ctx.client,
+                id: &ctx.id,
                 token: ctx.cfg.admin_token.as_deref(),
                 default_capacity: ctx.cfg.cache.default_capacity_tokens,
             };
@@ -73,6 +79,13 @@ async fn dispatch(
         }
         _ => {}
     }
+    // Before the key check: a request this router forwarded to itself carries no key.
+    identity::check(&ctx.id, req.headers()).map_err(|l| {
+        ApiError::loop_detected(match l {
+            Loop::Back => "this request already passed through this router (or a peer of its cluster): an upstream is a router of this cluster, not an engine; remove it with routerctl leave",
+            Loop::TooManyHops => "this request passed through too many routers: routers forward to each other in a circle",
+        })
+    })?;
     authorize(ctx, req.headers())?;
     match route {
         Route::Chat | Route::Completions | Route::Responses | Route::Messages => {
