@@ -59,6 +59,39 @@ pub struct ClusterNode {
     server: Mutex<Option<(oneshot::Sender<()>, tokio::task::JoinHandle<()>)>>,
 }
 
+/// How long a write waits for a reachable leader (an election takes well under a second).
+pub const PROPOSE_WAIT: Duration = Duration::from_secs(5);
+
+/// Why a forwarded write failed.
+enum Forward {
+    /// The connection to the leader could not be made: the write was never delivered.
+    NotSent(anyhow::Error),
+    /// Anything else: it may or may not have been applied.
+    Failed(anyhow::Error),
+}
+
+/// Whether a call failed before any connection existed (refused, unreachable, connect
+/// timeout), so its request cannot have reached the other side.
+fn never_connected(s: &tonic::Status) -> bool {
+    if s.code() != tonic::Code::Unavailable {
+        return false;
+    }
+    let mut e: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(s);
+    while let Some(err) = e {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionRefused
+                    | std::io::ErrorKind::HostUnreachable
+                    | std::io::ErrorKind::NetworkUnreachable
+                    | std::io::ErrorKind::AddrNotAvailable
+            );
+        }
+        e = err.source();
+    }
+    false
+}
+
 /// How long a new peer may take to catch up before `add_peer` gives up on it.
 pub const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(10);
 /// A learner within this many entries of the leader's log counts as caught up.
@@ -401,18 +434,29 @@ impl ClusterNode {
     }
 
     /// Like [`ClusterNode::propose`], also returning the entry's log index.
+    ///
+    /// During a leader change a follower may still name the old leader: a forward that
+    /// could not even connect was never delivered, so it is retried (with the leader read
+    /// again) until [`PROPOSE_WAIT`] has passed. Any other failure is returned at once, as
+    /// the command may or may not have been applied.
     pub async fn propose_at(&self, cmd: Command) -> anyhow::Result<(u64, Outcome)> {
-        let mut waited = Duration::ZERO;
+        let deadline = tokio::time::Instant::now() + PROPOSE_WAIT;
+        let pause = Duration::from_millis(50);
         loop {
+            let left = tokio::time::Instant::now() < deadline;
             match self.raft.client_write(cmd.clone()).await {
                 Ok(r) => return Ok((r.log_id.index, r.data)),
                 Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
                     match f.leader_node {
-                        Some(node) => return self.forward(&node.addr, &cmd).await,
-                        None if waited < Duration::from_secs(3) => {
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                            waited += Duration::from_millis(50);
-                        }
+                        Some(node) => match self.forward(&node.addr, &cmd).await {
+                            Ok(r) => return Ok(r),
+                            Err(Forward::NotSent(e)) if left => {
+                                tracing::debug!(leader = %node.addr, error = %e, "leader unreachable; retrying");
+                                tokio::time::sleep(pause).await;
+                            }
+                            Err(Forward::NotSent(e)) | Err(Forward::Failed(e)) => return Err(e),
+                        },
+                        None if left => tokio::time::sleep(pause).await,
                         None => anyhow::bail!("no leader"),
                     }
                 }
@@ -421,19 +465,27 @@ impl ClusterNode {
         }
     }
 
-    async fn forward(&self, addr: &str, cmd: &Command) -> anyhow::Result<(u64, Outcome)> {
-        let ch = self.net.channel(addr).map_err(|e| anyhow::anyhow!(e))?;
+    async fn forward(&self, addr: &str, cmd: &Command) -> Result<(u64, Outcome), Forward> {
+        let failed = |e: anyhow::Error| Forward::Failed(e);
+        let ch = self
+            .net
+            .channel(addr)
+            .map_err(|e| failed(anyhow::anyhow!(e)))?;
         let mut req = tonic::Request::new(RaftMessage {
             cluster_id: self.cluster_id.clone(),
-            payload: crate::codec::encode(cmd)?,
+            payload: crate::codec::encode(cmd).map_err(|e| failed(e.into()))?,
             error: String::new(),
         });
         req.set_timeout(Duration::from_secs(5));
-        let reply = PeerClient::new(ch).forward(req).await?.into_inner();
+        let reply = match PeerClient::new(ch).forward(req).await {
+            Ok(r) => r.into_inner(),
+            Err(s) if never_connected(&s) => return Err(Forward::NotSent(s.into())),
+            Err(s) => return Err(failed(s.into())),
+        };
         if !reply.error.is_empty() {
-            anyhow::bail!("leader refused: {}", reply.error);
+            return Err(failed(anyhow::anyhow!("leader refused: {}", reply.error)));
         }
-        Ok(crate::codec::decode(&reply.payload)?)
+        crate::codec::decode(&reply.payload).map_err(|e| failed(e.into()))
     }
 
     /// Waits until every member (voters and learners) has applied `index`, or `timeout`.

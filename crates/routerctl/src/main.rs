@@ -16,7 +16,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 #[derive(Parser, Debug)]
 #[command(name = "routerctl", version)]
 struct Cli {
-    /// Admin (peer gRPC) address of any router peer, host:port.
+    /// Admin (peer gRPC) address of any router peer: host:port, or http(s)://host:port.
     #[arg(
         long,
         global = true,
@@ -94,6 +94,10 @@ enum PeerCmd {
         id: u64,
         /// Its peer gRPC address, host:port.
         addr: String,
+        /// Seconds the new peer may take to catch up with the log (a big snapshot may
+        /// need more); one that does not is taken out again and never votes.
+        #[arg(long, default_value_t = 10)]
+        catch_up_secs: u64,
     },
     /// Remove a router peer; its id is retired.
     Remove {
@@ -134,12 +138,44 @@ impl Conn {
     }
 }
 
-fn status_error(s: tonic::Status) -> anyhow::Error {
+fn status_error(router: &str, s: tonic::Status) -> anyhow::Error {
+    // A gRPC call to the router's HTTP (client) port gets a JSON 404 that tonic reads as
+    // a malformed gRPC frame ("invalid compression flag: 123", 123 being '{').
+    let http_port = s.message().contains("compression flag")
+        || s.message().contains("content-type")
+        || (s.code() == tonic::Code::Unimplemented && s.metadata().get("grpc-status").is_none());
+    if http_port {
+        return anyhow::anyhow!(
+            "{router} answered like the router's HTTP (client) port, not its peer/admin gRPC \
+             port: point --router at the peer's cluster.listen address (7081 in the example \
+             configs), not its listen address"
+        );
+    }
     let hint = match s.code() {
         tonic::Code::Unauthenticated => " (pass --token or ROUTERCTL_TOKEN)",
         _ => "",
     };
     anyhow::anyhow!("{:?}: {}{hint}", s.code(), s.message())
+}
+
+/// `host:port` from what people type: `host:port`, `http://host:port/`, `https://...`.
+fn router_addr(given: &str, tls: bool) -> anyhow::Result<String> {
+    let g = given.trim();
+    let (rest, https) = if let Some(r) = g.strip_prefix("https://") {
+        (r, true)
+    } else if let Some(r) = g.strip_prefix("http://") {
+        (r, false)
+    } else {
+        (g, tls)
+    };
+    if https && !tls {
+        anyhow::bail!("{given} is https: pass --ca (ROUTERCTL_CA) with the cluster CA");
+    }
+    let addr = rest.trim_end_matches('/');
+    if addr.is_empty() || addr.contains('/') {
+        anyhow::bail!("--router takes host:port (or http(s)://host:port), not {given}");
+    }
+    Ok(addr.to_owned())
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -171,7 +207,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         token: cli.token.clone(),
         timeout: Duration::from_secs(cli.timeout),
     };
-    let mut c = conn.client(&cli.router).await?;
+    let router = router_addr(&cli.router, conn.tls.is_some())?;
+    let mut c = conn.client(&router).await?;
     match cli.cmd {
         Cmd::Join {
             url,
@@ -187,7 +224,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     weight,
                 })?)
                 .await
-                .map_err(status_error)?
+                .map_err(|s| status_error(&cli.router, s))?
                 .into_inner();
             reply(
                 cli.json,
@@ -199,7 +236,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let r = c
                 .leave(conn.req(ServerRequest { url: url.clone() })?)
                 .await
-                .map_err(status_error)?
+                .map_err(|s| status_error(&cli.router, s))?
                 .into_inner();
             reply(cli.json, &format!("{url} left"), &r);
         }
@@ -210,7 +247,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     draining: !undo,
                 })?)
                 .await
-                .map_err(status_error)?
+                .map_err(|s| status_error(&cli.router, s))?
                 .into_inner();
             let what = if undo { "resumed" } else { "draining" };
             reply(cli.json, &format!("{url} {what}"), &r);
@@ -219,7 +256,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let r = c
                 .servers(conn.req(Empty {})?)
                 .await
-                .map_err(status_error)?
+                .map_err(|s| status_error(&cli.router, s))?
                 .into_inner();
             if cli.json {
                 println!(
@@ -234,7 +271,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let me = c
                 .status(conn.req(Empty {})?)
                 .await
-                .map_err(status_error)?
+                .map_err(|s| status_error(&cli.router, s))?
                 .into_inner();
             // Every peer's own view of its indexes; an unreachable peer is shown as such.
             let mut per_peer = Vec::new();
@@ -279,15 +316,23 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Cmd::Peers { cmd } => {
             let r = match cmd {
-                PeerCmd::Add { id, addr } => c
-                    .add_peer(conn.req(AddPeerRequest { node_id: id, addr })?)
+                PeerCmd::Add {
+                    id,
+                    addr,
+                    catch_up_secs,
+                } => c
+                    .add_peer(conn.req(AddPeerRequest {
+                        node_id: id,
+                        addr,
+                        catch_up_timeout_ms: catch_up_secs * 1000,
+                    })?)
                     .await
-                    .map_err(status_error)?
+                    .map_err(|s| status_error(&cli.router, s))?
                     .into_inner(),
                 PeerCmd::Remove { id } => c
                     .remove_peer(conn.req(RemovePeerRequest { node_id: id })?)
                     .await
-                    .map_err(status_error)?
+                    .map_err(|s| status_error(&cli.router, s))?
                     .into_inner(),
             };
             reply(cli.json, "done", &r);
@@ -300,7 +345,8 @@ fn reply(as_json: bool, what: &str, r: &AdminReply) {
     if as_json {
         println!(
             "{}",
-            json!({"ok": r.ok, "message": r.message, "ranks": r.ranks})
+            json!({"ok": r.ok, "message": r.message, "ranks": r.ranks, "log_index": r.log_index,
+                "confirmed_peers": r.confirmed_peers, "unconfirmed_peers": r.unconfirmed_peers})
         );
     } else {
         println!("{what}: {}", r.message);

@@ -15,18 +15,19 @@ const TOKEN: &str = ADMIN_TOKEN;
 
 struct Ctl {
     router: String,
-    pki: Pki,
+    /// The cluster CA, when the peers speak TLS.
+    ca: Option<std::path::PathBuf>,
 }
 
 impl Ctl {
     /// Runs routerctl; returns (success, stdout, stderr).
     async fn run(&self, token: Option<&str>, args: &[&str]) -> (bool, String, String) {
         let mut cmd = tokio::process::Command::new(bin("routerctl"));
-        cmd.args(["--router", &self.router])
-            .arg("--ca")
-            .arg(&self.pki.ca)
-            .args(args)
-            .env_remove("ROUTERCTL_TOKEN");
+        cmd.args(["--router", &self.router]);
+        if let Some(ca) = &self.ca {
+            cmd.arg("--ca").arg(ca);
+        }
+        cmd.args(args).env_remove("ROUTERCTL_TOKEN");
         if let Some(t) = token {
             cmd.env("ROUTERCTL_TOKEN", t);
         }
@@ -134,7 +135,7 @@ async fn routerctl_and_http_admin_change_servers_on_every_peer() {
     eprintln!("cluster formed over mTLS after {:?}", t0.elapsed());
     let ctl = Ctl {
         router: c.raft[2].to_string(),
-        pki: pki.clone(),
+        ca: Some(pki.ca.clone()),
     };
 
     // Admin needs the token, on gRPC and HTTP.
@@ -359,4 +360,81 @@ async fn routerctl_and_http_admin_change_servers_on_every_peer() {
     assert!(!ok && err.contains("never reused"), "{err}");
     c.wait_converged(10).await;
     eprintln!("done after {:?}", t0.elapsed());
+}
+
+/// `routerctl peers add` of an address where nothing listens must never make a voter:
+/// with four voters, losing one real peer would leave two of four, no majority. The add
+/// fails after its catch-up time with the peer taken out again, the voters stay three, and
+/// after one real peer is killed joins still commit. Also: `--router` takes a URL, a
+/// routerctl pointed at the HTTP port says so, and a router of the cluster cannot join as
+/// an engine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_peer_never_votes_and_one_failure_is_survived() {
+    let engines = fleet(2).await;
+    let (http, raft) = Cluster::addresses(3);
+    let top = format!(
+        "[health]\ninterval_ms = 500\n[[upstreams]]\nurl = \"{}\"\n",
+        engines[0].url()
+    );
+    let mut c = Cluster::start(http, raft, &top, "").await;
+    c.wait_formed(1, 30).await;
+    let ctl = Ctl {
+        router: format!("http://{}/", c.raft[1]),
+        ca: None,
+    };
+    let nowhere = free_addr().to_string();
+    let t = Instant::now();
+    let (ok, out, err) = ctl
+        .run(
+            Some(TOKEN),
+            &["peers", "add", "9", &nowhere, "--catch-up-secs", "2"],
+        )
+        .await;
+    assert!(!ok, "an unreachable peer was added: {out}");
+    assert!(err.contains("did not catch up"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
+    let s: serde_json::Value = serde_json::from_str(&ctl.ok(&["status", "--json"]).await).unwrap();
+    let peers = s["peers"].as_array().unwrap();
+    assert_eq!(peers.len(), 3, "{s}");
+    assert!(
+        peers
+            .iter()
+            .all(|p| p["voter"] == true && p["node_id"] != 9),
+        "{s}"
+    );
+
+    // One real peer dies: two of three voters remain, and a join commits through a survivor.
+    c.kill(0);
+    let out = ctl.ok(&["join", &engines[1].url(), "--json"]).await;
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["ok"], true, "{j}");
+    assert!(j["log_index"].as_u64().unwrap() > 0, "{j}");
+    let confirmed = j["confirmed_peers"].as_array().unwrap();
+    assert!(
+        confirmed.contains(&2.into()) && confirmed.contains(&3.into()),
+        "{j}"
+    );
+    for peer in [1, 2] {
+        wait_until("the joined server on a survivor", 10, async || {
+            c.health(peer)
+                .await
+                .is_some_and(|h| h["upstreams"].as_array().is_some_and(|u| u.len() == 2))
+        })
+        .await;
+    }
+
+    // Pointed at the HTTP port, routerctl says which port it wants.
+    let wrong = Ctl {
+        router: c.http[1].to_string(),
+        ca: None,
+    };
+    let (ok, _, err) = wrong.run(Some(TOKEN), &["status"]).await;
+    assert!(!ok);
+    assert!(err.contains("HTTP (client) port"), "{err}");
+    // A router of this cluster is not an engine.
+    let (ok, _, err) = ctl
+        .run(Some(TOKEN), &["join", &format!("http://{}", c.http[2])])
+        .await;
+    assert!(!ok);
+    assert!(err.contains("this router"), "{err}");
 }

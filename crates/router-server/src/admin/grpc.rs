@@ -9,6 +9,7 @@ use super::servers::server_infos;
 use crate::client::UpstreamClient;
 use crate::identity::RouterId;
 use crate::state::{Changed, ClusterState, RoutingState};
+use router_cluster::node::CATCH_UP_TIMEOUT;
 use router_cluster::MembershipError;
 use router_core::{parse_upstream_url, Command, Outcome, UpstreamUrl};
 use router_proto::v1::admin_client::AdminClient;
@@ -21,8 +22,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tonic::{Request, Response, Status};
 
+/// Longest catch-up a caller may ask for.
+const MAX_CATCH_UP: Duration = Duration::from_secs(600);
 /// How long a call forwarded to the leader may take (a peer add waits for catch-up).
-const FORWARD_TIMEOUT: Duration = Duration::from_secs(60);
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(630);
 
 /// The admin gRPC service.
 pub struct AdminService {
@@ -176,7 +179,16 @@ impl Admin for AdminService {
                 AdminError::InvalidRequest("need a node id > 0 and an address".into()).into(),
             );
         }
-        match self.state.node().add_peer(p.node_id, &p.addr).await {
+        let wait = match p.catch_up_timeout_ms {
+            0 => CATCH_UP_TIMEOUT,
+            ms => Duration::from_millis(ms).min(MAX_CATCH_UP),
+        };
+        match self
+            .state
+            .node()
+            .add_peer_within(p.node_id, &p.addr, wait)
+            .await
+        {
             Ok(()) => Ok(reply(
                 format!("node {} at {} caught up and is a voter", p.node_id, p.addr),
                 Vec::new(),
