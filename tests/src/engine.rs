@@ -34,6 +34,8 @@ pub struct EngineState {
     pub probes: AtomicU64,
     /// When non-zero, health probes get this status.
     pub health_status: AtomicU16,
+    /// When non-zero, every inference request waits this long (ms) before its answer.
+    pub delay_ms: AtomicU64,
     /// TCP connections accepted.
     pub connections: AtomicU64,
 }
@@ -139,7 +141,7 @@ async fn serve(st: Arc<EngineState>, req: Request<Incoming>) -> Response<Body> {
         );
     }
     let close = req.headers().contains_key("x-fake-close");
-    let delay = header_u64(&req, "x-fake-delay-ms").unwrap_or(0);
+    let delay = header_u64(&req, "x-fake-delay-ms").unwrap_or(st.delay_ms.load(Relaxed));
     let gap = header_u64(&req, "x-fake-gap-ms").unwrap_or(0);
     let chunks = header_u64(&req, "x-fake-chunks").unwrap_or(3);
     let break_after = header_u64(&req, "x-fake-break-after");

@@ -15,7 +15,7 @@ pub mod upstream_url;
 
 pub use canon::{canonicalize, canonicalize_json, CanonError, CanonicalPrompt, Endpoint};
 pub use fingerprint::{fingerprint_json, FingerprintConfig, Fingerprints, PromptPrint};
-pub use health::{HealthMachine, HealthThresholds, HealthTransition};
+pub use health::{HealthMachine, HealthThresholds, HealthTransition, Outlier, OutlierConfig};
 pub use index::{CacheModel, IndexStats, IndexView, ModelSnapshot, RankId, Route};
 pub use machine::{Command, Machine, MachineSnapshot, Outcome, RankLoad, Rejection};
 pub use score::{select, Candidate, Decision, Policy, Reason, RouteInput, ScoreParams};

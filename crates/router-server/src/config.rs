@@ -4,7 +4,9 @@
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use router_cluster::RaftTunables;
-use router_core::{parse_upstream_url, FingerprintConfig, HealthThresholds, Policy, ScoreParams};
+use router_core::{
+    parse_upstream_url, FingerprintConfig, HealthThresholds, OutlierConfig, Policy, ScoreParams,
+};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -260,6 +262,10 @@ pub struct HealthConfig {
     /// Consecutive failures to mark down, successes to mark up.
     #[serde(flatten)]
     pub thresholds: HealthThresholds,
+    /// Outlier ejection: `consecutive_5xx` server errors in a row take an engine out for
+    /// `ejection_ms` (times the ejections so far, up to 10x).
+    #[serde(flatten)]
+    pub outlier: OutlierConfig,
 }
 
 impl Default for HealthConfig {
@@ -269,6 +275,7 @@ impl Default for HealthConfig {
             interval_ms: 2_000,
             timeout_ms: 1_000,
             thresholds: HealthThresholds::default(),
+            outlier: OutlierConfig::default(),
         }
     }
 }

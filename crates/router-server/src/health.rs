@@ -1,5 +1,6 @@
-//! Drives each upstream's [`HealthMachine`] from active probes and passive results, and
-//! publishes the verdict as an atomic flag that the request path reads.
+//! Drives each upstream's [`HealthMachine`] from active probes and passive results, and its
+//! [`Outlier`] detector from the status of its answers, and publishes the verdict (healthy
+//! and not ejected) as an atomic flag that the request path reads.
 
 use crate::client::UpstreamClient;
 use crate::config::HealthConfig;
@@ -7,20 +8,32 @@ use crate::identity::{self, RouterId};
 use crate::state::{RoutingState, Upstream};
 use bytes::Bytes;
 use http_body_util::Full;
-use router_core::{HealthMachine, HealthTransition};
+use router_core::{HealthMachine, HealthTransition, Outlier};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-/// A passive observation from a real request.
+/// What one probe or request saw of an upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen {
+    /// It answered (a probe with 2xx, a request with anything but a 5xx).
+    Ok,
+    /// It could not be reached, or refused (connect error, reset, timeout, 502/503).
+    Failed,
+    /// It answered a request with a server error (a 5xx other than 502/503): reachable,
+    /// but counted by the outlier detector.
+    ServerError,
+}
+
+/// One observation.
 #[derive(Debug)]
 pub struct Observation {
     /// Upstream URL.
     pub url: Arc<str>,
-    /// Whether the attempt worked.
-    pub ok: bool,
+    /// What was seen.
+    pub seen: Seen,
 }
 
 /// Sender half used by the proxy.
@@ -29,17 +42,17 @@ pub struct HealthReporter(mpsc::Sender<Observation>);
 
 impl HealthReporter {
     /// Reports a result; drops it if the health task is behind (probes still run). A success
-    /// on an upstream with no failure streak changes nothing and is not sent.
-    pub fn report(&self, up: &Upstream, ok: bool) {
-        if ok && !up.suspect.load(Relaxed) {
+    /// on an upstream with no failure or 5xx streak changes nothing and is not sent.
+    pub fn report(&self, up: &Upstream, seen: Seen) {
+        if seen == Seen::Ok && !up.suspect.load(Relaxed) {
             return;
         }
-        if !ok {
+        if seen != Seen::Ok {
             up.suspect.store(true, Relaxed);
         }
         let _ = self.0.try_send(Observation {
             url: up.url.clone(),
-            ok,
+            seen,
         });
     }
 }
@@ -54,13 +67,26 @@ pub fn spawn(
 ) -> HealthReporter {
     let (tx, mut rx) = mpsc::channel::<Observation>(4096);
     tokio::spawn(async move {
-        let mut machines: HashMap<Arc<str>, HealthMachine> = HashMap::new();
+        let started = std::time::Instant::now();
+        let now_ms = || started.elapsed().as_millis() as u64;
+        let mut machines: HashMap<Arc<str>, (HealthMachine, Outlier)> = HashMap::new();
         let mut tick = tokio::time::interval(Duration::from_millis(cfg.interval_ms));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let (probe_tx, mut probe_rx) = mpsc::channel::<Observation>(1024);
         loop {
             let obs = tokio::select! {
                 _ = tick.tick() => {
+                    // Ejections that ran out: back in rotation if healthy.
+                    let topo = state.topology();
+                    for up in topo.upstreams.iter() {
+                        if let Some((m, o)) = machines.get(&up.url) {
+                            let verdict = m.is_up() && !o.is_ejected(now_ms());
+                            if verdict && !up.up.swap(true, Relaxed) {
+                                tracing::info!(upstream = %up.url, "upstream back after its ejection");
+                            }
+                        }
+                    }
+                    drop(topo);
                     for up in state.topology().upstreams.iter() {
                         let url = up.url.clone();
                         let uri = format!("http://{}{}", up.authority, cfg.path);
@@ -71,7 +97,8 @@ pub fn spawn(
                         let id = id.clone();
                         tokio::spawn(async move {
                             let ok = probe(&client, &uri, token.as_deref(), timeout, &id).await;
-                            let _ = tx.send(Observation { url, ok }).await;
+                            let seen = if ok { Seen::Ok } else { Seen::Failed };
+                            let _ = tx.send(Observation { url, seen }).await;
                         });
                     }
                     continue;
@@ -84,21 +111,40 @@ pub fn spawn(
                 machines.remove(&obs.url);
                 continue;
             };
-            let m = machines
+            let (m, o) = machines
                 .entry(obs.url.clone())
-                .or_insert_with(HealthMachine::new_up);
-            match m.observe(obs.ok, cfg.thresholds) {
+                .or_insert_with(|| (HealthMachine::new_up(), Outlier::default()));
+            let now = now_ms();
+            let transition = match obs.seen {
+                Seen::Ok => {
+                    o.observe(false, now, cfg.outlier);
+                    m.observe(true, cfg.thresholds)
+                }
+                Seen::Failed => m.observe(false, cfg.thresholds),
+                Seen::ServerError => {
+                    if let Some(until) = o.observe(true, now, cfg.outlier) {
+                        up.ejections.fetch_add(1, Relaxed);
+                        tracing::warn!(
+                            upstream = %obs.url,
+                            consecutive_5xx = cfg.outlier.consecutive_5xx,
+                            for_ms = until - now,
+                            "upstream ejected: its answers are server errors"
+                        );
+                    }
+                    None
+                }
+            };
+            match transition {
                 Some(HealthTransition::Down) => {
-                    tracing::warn!(upstream = %obs.url, "upstream marked down");
-                    up.up.store(false, Relaxed);
+                    tracing::warn!(upstream = %obs.url, "upstream marked down")
                 }
                 Some(HealthTransition::Up) => {
-                    tracing::info!(upstream = %obs.url, "upstream marked up");
-                    up.up.store(true, Relaxed);
+                    tracing::info!(upstream = %obs.url, "upstream marked up")
                 }
                 None => {}
             }
-            if m.is_up() && m.failure_streak() == 0 {
+            up.up.store(m.is_up() && !o.is_ejected(now), Relaxed);
+            if m.is_up() && m.failure_streak() == 0 && obs.seen == Seen::Ok {
                 up.suspect.store(false, Relaxed);
             }
         }

@@ -113,7 +113,13 @@ impl Histogram {
 /// Stream failures after the first byte, by code.
 const STREAM_ERRORS: [&str; 2] = ["upstream_stream_error", "upstream_idle_timeout"];
 /// Upstream attempt failures before the first byte, by kind.
-pub const ATTEMPT_FAILURES: [&str; 4] = ["connect", "status_502_503", "reset", "timeout"];
+pub const ATTEMPT_FAILURES: [&str; 5] = [
+    "connect",
+    "status_502_503",
+    "reset",
+    "timeout",
+    "marked_down",
+];
 
 /// All counters.
 pub struct Metrics {
@@ -171,6 +177,8 @@ pub struct UpstreamSample {
     pub decodes: u64,
     /// Requests sent there.
     pub requests: u64,
+    /// Outlier ejections (consecutive 5xx).
+    pub ejections: u64,
 }
 
 impl Metrics {
@@ -323,7 +331,7 @@ impl Metrics {
             "router_request_duration_seconds",
             "Time from request to the end of the response.",
         );
-        let gauges: [Gauge; 5] = [
+        let gauges: [Gauge; 6] = [
             (
                 "router_upstream_up",
                 "1 when the upstream is healthy.",
@@ -348,6 +356,11 @@ impl Metrics {
                 "router_upstream_requests_total",
                 "Requests sent per upstream.",
                 |u| u.requests,
+            ),
+            (
+                "router_upstream_ejections_total",
+                "Times the upstream was ejected for consecutive 5xx answers.",
+                |u| u.ejections,
             ),
         ];
         for (name, help, f) in gauges {

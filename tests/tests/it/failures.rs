@@ -366,3 +366,116 @@ async fn a_router_never_becomes_its_own_upstream() {
     .await;
     assert_eq!(x.json()["error"]["code"], "no_healthy_upstream");
 }
+
+/// A request waiting for its first byte from an upstream that the health checker marks
+/// down meanwhile goes to another upstream at once, instead of waiting out
+/// `first_byte_ms` (600 s by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_waiting_on_an_upstream_marked_down_is_retried_elsewhere() {
+    let r = router("down-inflight")
+        .engines(2)
+        .table("[health]\ninterval_ms = 100\nfall = 2")
+        .start()
+        .await;
+    let e = &r.engines;
+    e[0].state.delay_ms.store(60_000, Relaxed);
+    let url = r.url("/v1/chat/completions");
+    // Find a conversation the router sends to e0 (the others return at once from e1).
+    let mut stuck = None;
+    for i in 0..20u64 {
+        let before = e[0].count();
+        let u = url.clone();
+        let req = tokio::spawn(async move {
+            post(&u, &Conversation::new(900 + i, 500).body("m", false), &[]).await
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        if e[0].count() > before && !req.is_finished() {
+            stuck = Some(req);
+            break;
+        }
+        let x = req.await.unwrap();
+        assert_eq!(x.header("x-engine").as_deref(), Some("e1"));
+    }
+    let stuck = stuck.expect("no request went to e0");
+    // e0's probes fail: marked down within ~200 ms, and the waiting request moves to e1.
+    let t = std::time::Instant::now();
+    e[0].state.health_status.store(500, Relaxed);
+    let x = tokio::time::timeout(Duration::from_secs(5), stuck)
+        .await
+        .expect("the request kept waiting on the upstream marked down")
+        .unwrap();
+    assert_eq!(x.status, 200, "{}", String::from_utf8_lossy(&x.body));
+    assert_eq!(x.header("x-engine").as_deref(), Some("e1"));
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    let m = send("GET", &r.url("/metrics"), "", &[]).await;
+    let text = String::from_utf8_lossy(&m.body);
+    assert!(
+        text.contains("router_upstream_attempt_failures_total{kind=\"marked_down\"} 1"),
+        "{text}"
+    );
+}
+
+/// An engine whose health check passes but whose answers are 500s is ejected after
+/// `consecutive_5xx` of them: new requests go to the other engine, the ejection is
+/// counted, and it comes back when the ejection ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_answering_500_is_ejected_and_comes_back() {
+    let r = router("outlier")
+        .engines(2)
+        .table("[health]\ninterval_ms = 100\nconsecutive_5xx = 3\nejection_ms = 1500")
+        .start()
+        .await;
+    let e = &r.engines;
+    e[0].state.force_status.store(500, Relaxed);
+    let url = r.url("/v1/chat/completions");
+    let mut fives = 0;
+    for i in 0..40u64 {
+        let x = post(
+            &url,
+            &Conversation::new(2000 + i, 300).body("m", false),
+            &[],
+        )
+        .await;
+        if x.status == 500 {
+            fives += 1;
+        }
+    }
+    assert!(
+        fives <= 3,
+        "{fives} answers of 500 reached clients; ejection after 3"
+    );
+    // After the ejection, nothing more reaches e0.
+    let before = e[0].count();
+    for i in 0..10u64 {
+        let x = post(
+            &url,
+            &Conversation::new(3000 + i, 300).body("m", false),
+            &[],
+        )
+        .await;
+        assert_eq!(x.status, 200);
+        assert_eq!(x.header("x-engine").as_deref(), Some("e1"));
+    }
+    assert_eq!(e[0].count(), before, "an ejected engine got requests");
+    let m = send("GET", &r.url("/metrics"), "", &[]).await;
+    let text = String::from_utf8_lossy(&m.body);
+    let line = format!(
+        "router_upstream_ejections_total{{upstream=\"{}\"}} 1",
+        e[0].url()
+    );
+    assert!(text.contains(&line), "{text}");
+    // Fixed and the ejection over: it takes new conversations again.
+    e[0].state.force_status.store(0, Relaxed);
+    tokio::time::sleep(Duration::from_millis(1800)).await;
+    let mut back = false;
+    for i in 0..20u64 {
+        let x = post(
+            &url,
+            &Conversation::new(4000 + i, 300).body("m", false),
+            &[],
+        )
+        .await;
+        back |= x.header("x-engine").as_deref() == Some("e0");
+    }
+    assert!(back, "the engine never came back after its ejection");
+}

@@ -62,6 +62,7 @@ pub fn metrics(ctx: &Ctx) -> Response<RespBody> {
                 queued_prefill: 0,
                 decodes: 0,
                 requests: 0,
+                ejections: u.ejections.load(Relaxed),
             };
             for r in topo.ranks_of(u) {
                 s.inflight += r.inflight.load(Relaxed);

@@ -5,6 +5,7 @@ use super::ctx::Ctx;
 use super::relay::{LoadGuard, RelayBody};
 use super::upstream::Lease;
 use crate::config::Config;
+use crate::health::Seen;
 use crate::identity::{self, RouterId};
 use crate::response::{ApiError, ErrorShape, RespBody};
 use crate::state::{RankState, Upstream};
@@ -309,39 +310,54 @@ async fn send_with_retries(
         let guard = LoadGuard::new(rank.clone(), p.prefill);
         rank.requests.fetch_add(1, Relaxed);
         let more = i + 1 < attempts;
-        let res = tokio::time::timeout(
-            Duration::from_millis(cfg.timeouts.first_byte_ms),
+        let res = first_byte(
             ctx.pool.send(&up.authority, req),
+            Duration::from_millis(cfg.timeouts.first_byte_ms),
+            up,
+            more,
         )
         .await;
         let (resp, lease) = match res {
-            Err(_) => {
+            Wait::MarkedDown => {
+                ctx.metrics.attempt_failed("marked_down", true);
+                last_err = format!("{} was marked down while the request waited", up.url);
+                tracing::info!(upstream = %up.url, "upstream marked down before the first byte; retrying elsewhere");
+                continue;
+            }
+            Wait::TimedOut => {
                 ctx.metrics.attempt_failed("timeout", false);
-                ctx.health.report(up, false);
+                ctx.health.report(up, Seen::Failed);
                 return Err(ApiError::upstream_timeout(format!(
                     "{} did not answer within {} ms",
                     up.url, cfg.timeouts.first_byte_ms
                 )));
             }
-            Ok(Err(e)) => {
+            Wait::Answered(Err(e)) => {
                 let kind = e.kind();
                 ctx.metrics.attempt_failed(kind, more);
-                ctx.health.report(up, false);
+                ctx.health.report(up, Seen::Failed);
                 last_err = format!("{}: {kind} error: {e}", up.url);
                 tracing::info!(upstream = %up.url, kind, error = %e, retry = more, "upstream attempt failed");
                 continue;
             }
-            Ok(Ok(r)) => r,
+            Wait::Answered(Ok(r)) => r,
         };
         let status = resp.status();
         if status == StatusCode::BAD_GATEWAY || status == StatusCode::SERVICE_UNAVAILABLE {
             ctx.metrics.attempt_failed("status_502_503", more);
-            ctx.health.report(up, false);
+            ctx.health.report(up, Seen::Failed);
             last_err = format!("{} answered {status}", up.url);
             tracing::info!(upstream = %up.url, %status, retry = more, "upstream refused");
             continue;
         }
-        ctx.health.report(up, true);
+        ctx.health.report(
+            up,
+            if status.is_server_error() {
+                Seen::ServerError
+            } else {
+                Seen::Ok
+            },
+        );
         if status.is_success() {
             if let Some((fps, session)) = record.take() {
                 ctx.metrics
@@ -359,6 +375,45 @@ async fn send_with_retries(
     Err(ApiError::upstream_failed(format!(
         "all {attempts} upstream attempts failed; last: {last_err}"
     )))
+}
+
+/// How often a request waiting for its first byte checks whether its upstream was marked
+/// down (by probes or by other requests' failures) meanwhile.
+const DOWN_CHECK: Duration = Duration::from_millis(200);
+
+/// How the wait for an upstream's response head ended.
+enum Wait<T> {
+    Answered(T),
+    TimedOut,
+    /// The upstream was marked down while waiting, and another candidate is left.
+    MarkedDown,
+}
+
+/// Waits for `send` up to `limit`; when `can_retry`, gives up as soon as `up` is marked
+/// down (checked every [`DOWN_CHECK`]: a timer tick on this thread, no lock or wakeup from
+/// the health task).
+async fn first_byte<T>(
+    send: impl std::future::Future<Output = T>,
+    limit: Duration,
+    up: &Upstream,
+    can_retry: bool,
+) -> Wait<T> {
+    let deadline = tokio::time::Instant::now() + limit;
+    tokio::pin!(send);
+    loop {
+        let tick = deadline.min(tokio::time::Instant::now() + DOWN_CHECK);
+        tokio::select! {
+            r = &mut send => return Wait::Answered(r),
+            _ = tokio::time::sleep_until(tick) => {
+                if tokio::time::Instant::now() >= deadline {
+                    return Wait::TimedOut;
+                }
+                if can_retry && !up.up.load(Relaxed) {
+                    return Wait::MarkedDown;
+                }
+            }
+        }
+    }
 }
 
 fn upstream_request(

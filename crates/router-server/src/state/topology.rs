@@ -27,6 +27,8 @@ pub struct Upstream {
     /// Set while the health machine has a failure streak or the upstream is down: only
     /// then are successes worth reporting (saves a cross-thread wakeup per request).
     pub suspect: AtomicBool,
+    /// Times the outlier detector ejected it (consecutive 5xx).
+    pub ejections: AtomicU64,
 }
 
 impl Upstream {
@@ -45,6 +47,7 @@ impl Upstream {
             up: AtomicBool::new(true),
             accepting: AtomicBool::new(true),
             suspect: AtomicBool::new(false),
+            ejections: AtomicU64::new(0),
         }
     }
 }
