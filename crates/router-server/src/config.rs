@@ -451,6 +451,16 @@ impl Config {
         cfg.validate()
     }
 
+    /// Built-in defaults and one TOML document, validated (no environment, no flags): for
+    /// tools and the config fuzzer.
+    pub fn from_toml_str(toml: &str) -> Result<Config, ConfigError> {
+        let cfg: Config = Figment::from(Serialized::defaults(Config::default()))
+            .merge(Toml::string(toml))
+            .extract()
+            .map_err(|e| ConfigError::Load(e.to_string()))?;
+        cfg.validate()
+    }
+
     /// The same config with every secret replaced by `<redacted>`, for printing.
     pub fn redacted(&self) -> Config {
         let hide = |s: &Option<String>| s.as_ref().map(|_| "<redacted>".to_owned());
