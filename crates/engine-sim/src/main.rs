@@ -18,6 +18,10 @@ struct Cli {
     /// Address to serve; repeat for several ports (each its own engine).
     #[arg(long = "listen", required = true)]
     listen: Vec<SocketAddr>,
+    /// Name reported in `x-engine-rank` instead of the listen address (one port only;
+    /// containers listen on 0.0.0.0, which names nothing).
+    #[arg(long, env = "ENGINESIM_NAME")]
+    name: Option<String>,
     /// Data-parallel ranks behind each port, chosen by `routed_dp_rank` (SGLang style).
     #[arg(long, default_value_t = 1)]
     dp_ranks: usize,
@@ -73,9 +77,13 @@ async fn main() -> anyhow::Result<()> {
         speed: cli.speed,
         default_max_tokens: cli.default_max_tokens,
     };
+    if cli.name.is_some() && cli.listen.len() > 1 {
+        anyhow::bail!("--name names one engine: give one --listen with it");
+    }
     let mut tasks = Vec::new();
     for addr in &cli.listen {
         let listener = tokio::net::TcpListener::bind(addr).await?;
+        let addr = cli.name.clone().unwrap_or_else(|| addr.to_string());
         let ranks = if cli.dp_ranks == 1 {
             PortRanks::Single(Arc::new(Rank::spawn(addr.to_string(), &cfg)))
         } else {

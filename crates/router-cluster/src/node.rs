@@ -416,6 +416,14 @@ impl ClusterNode {
     /// Makes the first membership from `members` (id -> peer address); call it on one
     /// peer of a new cluster. On a cluster that already has one it does nothing.
     pub async fn initialize(&self, members: BTreeMap<NodeId, String>) -> anyhow::Result<()> {
+        {
+            // A restarted peer has a log: skip the call (openraft would refuse it, with an
+            // ERROR line that alarms operators for nothing).
+            let m = self.raft.metrics().borrow().clone();
+            if m.last_log_index.is_some() || m.current_term > 0 {
+                return Ok(());
+            }
+        }
         let members: BTreeMap<NodeId, Node> = members
             .into_iter()
             .map(|(id, a)| (id, Node::new(a)))
@@ -530,6 +538,44 @@ impl ClusterNode {
         }
         done.sort_unstable();
         (done, pending.into_iter().map(|p| p.0).collect())
+    }
+
+    /// On start: waits, up to `limit`, until this peer has applied as much as the most any
+    /// other reachable peer had applied when asked, so that a restarted peer does not route
+    /// from the state it had before it went down. Returns (target, applied, caught up);
+    /// with no other peer reachable (a new cluster, a partition) it returns at once:
+    /// routing never waits for the cluster beyond this bound.
+    pub async fn catch_up_on_start(&self, limit: Duration) -> (u64, u64, bool) {
+        let deadline = tokio::time::Instant::now() + limit;
+        let others: Vec<String> = {
+            let m = self.raft.metrics().borrow().clone();
+            m.membership_config
+                .membership()
+                .nodes()
+                .filter(|(id, _)| **id != self.id)
+                .map(|(_, n)| n.addr.clone())
+                .collect()
+        };
+        let mut target = None;
+        for a in &others {
+            if let Some(n) = self.remote_applied(a).await {
+                target = target.max(Some(n));
+            }
+        }
+        let applied = || {
+            self.raft
+                .metrics()
+                .borrow()
+                .last_applied
+                .map_or(0, |l| l.index)
+        };
+        let Some(target) = target else {
+            return (0, applied(), false);
+        };
+        while applied() < target && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        (target, applied(), applied() >= target)
     }
 
     async fn remote_applied(&self, addr: &str) -> Option<u64> {

@@ -31,6 +31,10 @@ use state::{ClusterState, LocalState, RoutingState, Topology};
 use std::sync::Arc;
 use tokio::sync::watch;
 
+/// How long a starting peer may wait to apply what the other peers have applied before it
+/// serves clients anyway.
+const STARTUP_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Binds every listener, starts the state and health tasks and serves until `shutdown`.
 pub async fn run(cfg: Config, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
     let cfg = Arc::new(cfg);
@@ -64,6 +68,17 @@ pub async fn run(cfg: Config, shutdown: watch::Receiver<bool>) -> anyhow::Result
             );
             cs.serve(tonic::service::Routes::new(AdminServer::new(admin)))
                 .await?;
+            // A restarted peer first applies what the others applied while it was down
+            // (bounded), so it never routes from a stale map; clients queue meanwhile.
+            let t = std::time::Instant::now();
+            let (target, applied, reached) = cs.node().catch_up_on_start(STARTUP_CATCH_UP).await;
+            tracing::info!(
+                target,
+                applied,
+                reached,
+                waited_ms = t.elapsed().as_millis() as u64,
+                "caught up with the other peers before routing"
+            );
             cs
         }
         None => {

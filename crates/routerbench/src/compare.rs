@@ -122,6 +122,9 @@ pub fn params(a: &CompareArgs, url: String, salt: u64) -> Params {
         model: "sim-model".into(),
         progress: true,
         api_key: None,
+        resolve: false,
+        // One try: a comparison counts failures, it does not hide them.
+        attempts: 1,
     }
 }
 

@@ -37,6 +37,8 @@ enum Cmd {
     Raft(raftbench::RaftArgs),
     /// CPU cost of canonicalizing and fingerprinting one request body.
     Canon(canonbench::CanonArgs),
+    /// Print the addresses a name resolves to (checks DNS round-robin from a container).
+    Resolve(ResolveArgs),
 }
 
 #[derive(clap::Args)]
@@ -77,6 +79,26 @@ struct AgentArgs {
     /// Write the report as JSON.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// Write every turn as a JSON line (time, conversation, router, rank, retries, result).
+    #[arg(long)]
+    turns_log: Option<std::path::PathBuf>,
+    /// Resolve the URL's host name on every turn and pick one of its addresses at random,
+    /// as DNS round-robin clients do (e.g. `--url http://router:8080` in compose).
+    #[arg(long)]
+    resolve: bool,
+    /// Tries per turn: a turn whose attempt fails before it completes (refused or cut
+    /// connection, no answer head within 20 s, 408/429/5xx) is sent whole to another router.
+    #[arg(long, default_value_t = 3)]
+    attempts: u32,
+}
+
+#[derive(clap::Args)]
+struct ResolveArgs {
+    /// host:port to resolve.
+    target: String,
+    /// Lookups to make; prints every distinct address seen.
+    #[arg(long, default_value_t = 10)]
+    lookups: u32,
 }
 
 #[derive(clap::Args)]
@@ -129,11 +151,30 @@ async fn main() -> anyhow::Result<()> {
                 model: a.model,
                 progress: true,
                 api_key: a.api_key,
+                resolve: a.resolve,
+                attempts: a.attempts,
             };
-            let r = workload::run(p, "agent").await?;
+            let (r, turns) = workload::run_logged(p, "agent").await?;
             print!("{}", workload::table(std::slice::from_ref(&r), None));
+            println!(
+                "retries {}  main-conversation stickiness {:.2}% of {} follow-ups",
+                r.retries,
+                r.main_stickiness * 100.0,
+                r.main_follow_ups
+            );
+            for (router, n) in &r.per_router {
+                println!("  {router:<28} {n} turns");
+            }
             if let Some(j) = a.json {
                 std::fs::write(j, serde_json::to_vec_pretty(&r)?)?;
+            }
+            if let Some(path) = a.turns_log {
+                let mut out = String::new();
+                for t in &turns {
+                    out.push_str(&t.to_string());
+                    out.push('\n');
+                }
+                std::fs::write(path, out)?;
             }
         }
         Cmd::Compare(c) => {
@@ -179,6 +220,17 @@ async fn main() -> anyhow::Result<()> {
         }
         Cmd::Canon(c) => {
             canonbench::run(c)?;
+        }
+        Cmd::Resolve(r) => {
+            let mut seen = std::collections::BTreeSet::new();
+            for _ in 0..r.lookups.max(1) {
+                for a in tokio::net::lookup_host(r.target.as_str()).await? {
+                    seen.insert(a);
+                }
+            }
+            for a in seen {
+                println!("{a}");
+            }
         }
     }
     Ok(())

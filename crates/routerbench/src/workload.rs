@@ -59,12 +59,35 @@ pub struct Params {
     pub progress: bool,
     /// Bearer token for the router.
     pub api_key: Option<String>,
+    /// Resolve each URL's host name on every turn and send to one of its addresses at
+    /// random, as DNS round-robin clients do (a name with several A records).
+    pub resolve: bool,
+    /// Tries per turn: a turn that fails before it completes (connection refused or cut,
+    /// no answer head, 408/429/5xx) is sent again whole to another router.
+    pub attempts: u32,
 }
+
+/// How long one attempt may wait for the answer's head (a paused router accepts
+/// connections and never answers).
+const HEAD_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// One finished turn.
 #[derive(Debug, Clone, Default)]
 struct Turn {
     conv: u64,
+    /// A developer's own conversation (not a sub-agent's or a batch sample).
+    main: bool,
+    /// Turn number within the conversation.
+    index: u32,
+    /// The first turn after the agent compacted its context: its prompt does not extend
+    /// the previous one, so it is no follow-up for stickiness.
+    fresh_context: bool,
+    /// Seconds from the start of the run to the start of the turn.
+    at: f64,
+    /// The router (URL or resolved address) that answered, or the last one tried.
+    router: String,
+    /// Attempts beyond the first.
+    retries: u32,
     ok: bool,
     err: Option<String>,
     ttft: Option<Duration>,
@@ -73,6 +96,8 @@ struct Turn {
     cached_tokens: u64,
     oracle_tokens: u64,
     rank: Option<String>,
+    /// The router's `x-router-reason` (prefix_hit, load, cold, session, ...).
+    reason: Option<String>,
 }
 
 /// The report.
@@ -100,6 +125,16 @@ pub struct Report {
     pub oracle_share: f64,
     /// Turns on the same rank as their conversation's previous turn.
     pub stickiness: f64,
+    /// The same, for developers' own conversations only: sub-agents, batch samples and
+    /// the first turn after a compaction (a new prompt that shares only the system
+    /// prompt) excluded.
+    pub main_stickiness: f64,
+    /// Follow-up turns of developers' own conversations.
+    pub main_follow_ups: u64,
+    /// Turns sent again to another router after a failed attempt.
+    pub retries: u64,
+    /// Answered turns per router (URL or resolved address).
+    pub per_router: BTreeMap<String, u64>,
     /// Requests on the busiest rank / mean per rank.
     pub balance_max_over_mean: f64,
     /// Ranks that served at least one turn.
@@ -108,6 +143,8 @@ pub struct Report {
     pub prompt_tokens: u64,
     /// Wall seconds.
     pub seconds: f64,
+    /// When the run started, seconds since the Unix epoch (turn times are relative to it).
+    pub started_unix: f64,
 }
 
 struct Shared {
@@ -120,10 +157,40 @@ struct Shared {
     oracle: Mutex<HashSet<u64>>,
     next_conv: AtomicU64,
     done: AtomicU64,
+    started: Instant,
+}
+
+/// One turn's identity, for its record.
+#[derive(Clone, Copy)]
+struct TurnId {
+    conv: u64,
+    main: bool,
+    index: u32,
+    fresh_context: bool,
+}
+
+/// splitmix64: spreads a counter over u64 for picking routers.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// `http://host:port` split into host and port.
+fn host_port(url: &str) -> Option<(String, u16)> {
+    let rest = url.strip_prefix("http://")?;
+    let authority = rest.split('/').next()?;
+    let (host, port) = authority.rsplit_once(':')?;
+    Some((host.trim_matches(['[', ']']).to_owned(), port.parse().ok()?))
 }
 
 /// Runs the workload and returns its report.
 pub async fn run(params: Params, label: &str) -> anyhow::Result<Report> {
+    Ok(run_turns(params, label).await?.0)
+}
+
+async fn run_turns(params: Params, label: &str) -> anyhow::Result<(Report, Vec<Turn>)> {
     let mut rng = Rng::new(params.seed);
     let scale = params.scale;
     let sz = |rng: &mut Rng, base: f64, lo: f64, hi: f64| -> usize {
@@ -148,7 +215,12 @@ pub async fn run(params: Params, label: &str) -> anyhow::Result<Report> {
         .pool_max_idle_per_host(1024)
         .build(conn);
     let started = Instant::now();
+    let started_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
     let shared = Arc::new(Shared {
+        started,
         deadline: started + params.duration,
         params: params.clone(),
         client,
@@ -205,8 +277,30 @@ pub async fn run(params: Params, label: &str) -> anyhow::Result<Report> {
     if let Some(p) = progress {
         p.abort();
     }
-    let turns = shared.turns.lock().map(|t| t.clone()).unwrap_or_default();
-    Ok(report(label, &turns, started.elapsed()))
+    let mut turns = shared.turns.lock().map(|t| t.clone()).unwrap_or_default();
+    turns.sort_by(|a, b| a.at.total_cmp(&b.at));
+    let mut r = report(label, &turns, started.elapsed());
+    r.started_unix = started_unix;
+    Ok((r, turns))
+}
+
+/// Runs the workload; returns its report and every turn as a JSON object (`--turns-log`).
+pub async fn run_logged(
+    params: Params,
+    label: &str,
+) -> anyhow::Result<(Report, Vec<serde_json::Value>)> {
+    let (report, turns) = run_turns(params, label).await?;
+    let log = turns
+        .iter()
+        .map(|t| {
+            serde_json::json!({"conv": t.conv, "main": t.main, "index": t.index,
+                "fresh_context": t.fresh_context, "at": t.at,
+                "router": t.router, "retries": t.retries, "ok": t.ok, "err": t.err,
+                "rank": t.rank, "reason": t.reason, "ttft": t.ttft.map(|d| d.as_secs_f64()),
+                "prompt_tokens": t.prompt_tokens, "cached_tokens": t.cached_tokens})
+        })
+        .collect();
+    Ok((report, log))
 }
 
 fn shape(kind: Kind) -> (u64, u64, f64, f64) {
@@ -234,6 +328,7 @@ async fn agent_developer(s: &Arc<Shared>, rng: &mut Rng) {
         ];
         let turns = rng.range(tmin, tmax);
         let mut ctx_tokens = (s.harness[h].len() + s.repos[r].len()) / 4;
+        let mut compacted = false;
         for t in 0..turns {
             if Instant::now() >= s.deadline {
                 return;
@@ -258,7 +353,14 @@ async fn agent_developer(s: &Arc<Shared>, rng: &mut Rng) {
                 rng.lognormal(120.0, 0.5)
             };
             let out = out.clamp(8.0, 2000.0) as u32;
-            let Some(reply) = turn(s, conv, &msgs, out).await else {
+            let id = TurnId {
+                conv,
+                main: true,
+                index: t as u32,
+                fresh_context: compacted,
+            };
+            compacted = false;
+            let Some(reply) = turn(s, id, &msgs, out).await else {
                 // A failed turn ends the task, as an agent would give up and restart.
                 break;
             };
@@ -273,6 +375,7 @@ async fn agent_developer(s: &Arc<Shared>, rng: &mut Rng) {
                 msgs.truncate(1);
                 msgs.push(serde_json::json!({"role": "user", "content": format!("Summary of the work so far: {summary}")}));
                 ctx_tokens = (s.harness[h].len() + summary.len()) / 4;
+                compacted = true;
             }
             let g = if rng.chance(pause) {
                 rng.range(30, 120) as f64
@@ -295,9 +398,15 @@ async fn sub_agent(s: &Arc<Shared>, rng: &mut Rng, harness: usize) {
         if Instant::now() >= s.deadline {
             return;
         }
+        let id = TurnId {
+            conv,
+            main: false,
+            index: t as u32,
+            fresh_context: false,
+        };
         let Some(reply) = turn(
             s,
-            conv,
+            id,
             &msgs,
             rng.lognormal(80.0, 0.4).clamp(8.0, 400.0) as u32,
         )
@@ -332,7 +441,13 @@ async fn batch_developer(s: &Arc<Shared>, rng: &mut Rng) {
                     serde_json::json!({"role": "user", "content": problem.clone()}),
                 ];
                 let out = rng.lognormal(200.0, 0.5).clamp(8.0, 1000.0) as u32;
-                tokio::spawn(async move { turn(&s, conv, &msgs, out).await })
+                let id = TurnId {
+                    conv,
+                    main: false,
+                    index: 0,
+                    fresh_context: false,
+                };
+                tokio::spawn(async move { turn(&s, id, &msgs, out).await })
             })
             .collect();
         for g in group {
@@ -346,10 +461,72 @@ async fn sleep_until_or_deadline(s: &Shared, d: Duration) {
     tokio::time::sleep_until(until.into()).await;
 }
 
-/// Sends one turn, records it, returns the reply text.
+/// Why an attempt failed, and whether another router may be tried.
+struct Failed {
+    kind: String,
+    retry: bool,
+}
+
+/// A part of the answer the turn keeps.
+#[derive(Default)]
+struct Answer {
+    reply: String,
+    rank: Option<String>,
+    reason: Option<String>,
+    ttft: Option<Duration>,
+    itl: Option<Duration>,
+    prompt_tokens: u64,
+    cached_tokens: u64,
+}
+
+/// The base URL (`http://addr:port`) for one attempt of a turn: one of the URLs, or with
+/// `resolve` one of the addresses its name resolves to now; avoids the routers in `tried`
+/// while others are left.
+/// Also the Host header to send when the address was resolved from a name.
+async fn pick(s: &Shared, seed: u64, tried: &[String]) -> Result<(String, Option<String>), Failed> {
+    let p = &s.params;
+    let fresh = |c: &Vec<String>| -> Vec<String> {
+        let left: Vec<String> = c.iter().filter(|u| !tried.contains(u)).cloned().collect();
+        if left.is_empty() {
+            c.clone()
+        } else {
+            left
+        }
+    };
+    let urls = fresh(&p.urls);
+    let url = urls[(mix(seed) % urls.len() as u64) as usize].clone();
+    if !p.resolve {
+        return Ok((url, None));
+    }
+    let (host, port) = host_port(&url).ok_or_else(|| Failed {
+        kind: "bad_url".into(),
+        retry: false,
+    })?;
+    // Every turn asks the resolver again, as a client honouring a short DNS TTL would.
+    let addrs: Vec<String> = tokio::net::lookup_host((host.as_str(), port))
+        .await
+        .map_err(|_| Failed {
+            kind: "dns".into(),
+            retry: true,
+        })?
+        .map(|a| format!("http://{a}"))
+        .collect();
+    if addrs.is_empty() {
+        return Err(Failed {
+            kind: "dns".into(),
+            retry: true,
+        });
+    }
+    let addrs = fresh(&addrs);
+    let a = addrs[(mix(seed ^ 0x5bd1_e995) % addrs.len() as u64) as usize].clone();
+    Ok((a, Some(format!("{host}:{port}"))))
+}
+
+/// Sends one turn (again to another router when an attempt fails, up to `attempts`),
+/// records it, returns the reply text.
 async fn turn(
     s: &Shared,
-    conv: u64,
+    id: TurnId,
     msgs: &[serde_json::Value],
     max_tokens: u32,
 ) -> Option<String> {
@@ -357,100 +534,75 @@ async fn turn(
     let body = serde_json::json!({"model": p.model, "messages": msgs, "stream": true,
         "stream_options": {"include_usage": true}, "max_tokens": max_tokens});
     let oracle = oracle_tokens(s, &body);
-    let url =
-        &p.urls[(conv as usize + s.done.fetch_add(1, Relaxed) as usize * 7919) % p.urls.len()];
-    let mut b = http::Request::post(format!("{url}/v1/chat/completions"))
-        .header("content-type", "application/json");
-    if p.session_ids {
-        b = b.header("x-session-id", format!("conv-{:x}-{conv}", p.salt));
-    }
-    if let Some(k) = &p.api_key {
-        b = b.header("authorization", format!("Bearer {k}"));
-    }
-    let req = b
-        .body(Full::new(Bytes::from(serde_json::to_vec(&body).ok()?)))
-        .ok()?;
+    let body = Bytes::from(serde_json::to_vec(&body).ok()?);
+    let started = Instant::now();
     let mut rec = Turn {
-        conv,
+        conv: id.conv,
+        main: id.main,
+        index: id.index,
+        fresh_context: id.fresh_context,
+        at: (started - s.started).as_secs_f64(),
         oracle_tokens: oracle,
         ..Default::default()
     };
-    let started = Instant::now();
-    let result = tokio::time::timeout(Duration::from_secs(300), async {
-        let resp = s
-            .client
-            .request(req)
-            .await
-            .map_err(|e| format!("transport: {e}"))?;
-        if !resp.status().is_success() {
-            return Err(format!("http_{}", resp.status().as_u16()));
+    let seq = s.done.fetch_add(1, Relaxed);
+    let mut tried: Vec<String> = Vec::new();
+    let overall = started + Duration::from_secs(300);
+    let mut outcome: Result<Answer, Failed> = Err(Failed {
+        kind: "not_sent".into(),
+        retry: false,
+    });
+    for n in 0..p.attempts.max(1) {
+        if n > 0 {
+            rec.retries += 1;
+            // A short pause: a router that just died leaves DNS within a moment.
+            tokio::time::sleep(Duration::from_millis(50 * u64::from(n))).await;
         }
-        rec.rank = resp
-            .headers()
-            .get("x-engine-rank")
-            .or_else(|| resp.headers().get("x-router-rank"))
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        let mut body = resp.into_body();
-        let mut buf = Vec::new();
-        let mut reply = String::new();
-        let mut first: Option<Instant> = None;
-        let mut last = started;
-        let mut tokens = 0u64;
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| format!("stream: {e}"))?;
-            let Some(d) = frame.data_ref() else { continue };
-            buf.extend_from_slice(d);
-            while let Some(nl) = buf.windows(2).position(|w| w == b"\n\n") {
-                let ev: Vec<u8> = buf.drain(..nl + 2).collect();
-                let ev = String::from_utf8_lossy(&ev);
-                if ev.contains("event: error") {
-                    return Err("stream_error_event".into());
+        let seed = id.conv.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ seq.rotate_left(17) ^ u64::from(n);
+        let (base, host) = match pick(s, seed, &tried).await {
+            Ok(t) => t,
+            Err(f) => {
+                let retry = f.retry;
+                outcome = Err(f);
+                if retry {
+                    continue;
                 }
-                for line in ev.lines() {
-                    let Some(data) = line.strip_prefix("data: ") else {
-                        continue;
-                    };
-                    if data == "[DONE]" {
-                        continue;
-                    }
-                    let Ok(v) = serde_json::from_str::<serde_json::Value>(data) else {
-                        continue;
-                    };
-                    if let Some(c) = v["choices"][0]["delta"]["content"].as_str() {
-                        if !c.is_empty() {
-                            let now = Instant::now();
-                            first.get_or_insert(now);
-                            last = now;
-                            tokens += 1;
-                            reply.push_str(c);
-                        }
-                    }
-                    if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
-                        rec.prompt_tokens = u["prompt_tokens"].as_u64().unwrap_or(0);
-                        rec.cached_tokens = u["prompt_tokens_details"]["cached_tokens"]
-                            .as_u64()
-                            .unwrap_or(0);
-                    }
-                }
+                break;
             }
+        };
+        rec.router = base.clone();
+        tried.push(base.clone());
+        let left = overall.saturating_duration_since(Instant::now());
+        outcome = tokio::time::timeout(
+            left,
+            attempt(s, &base, host.as_deref(), id, body.clone(), started),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(Failed {
+                kind: "timeout".into(),
+                retry: false,
+            })
+        });
+        match &outcome {
+            Ok(_) => break,
+            Err(f) if !f.retry => break,
+            Err(_) => {}
         }
-        let first = first.ok_or_else(|| "empty_reply".to_string())?;
-        rec.ttft = Some(first - started);
-        if tokens > 1 {
-            rec.itl = Some((last - first) / (tokens as u32 - 1));
-        }
-        Ok(reply)
-    })
-    .await
-    .unwrap_or_else(|_| Err("timeout".into()));
-    let out = match result {
-        Ok(reply) => {
+    }
+    let out = match outcome {
+        Ok(a) => {
             rec.ok = true;
-            Some(reply)
+            rec.rank = a.rank;
+            rec.reason = a.reason;
+            rec.ttft = a.ttft;
+            rec.itl = a.itl;
+            rec.prompt_tokens = a.prompt_tokens;
+            rec.cached_tokens = a.cached_tokens;
+            Some(a.reply)
         }
-        Err(e) => {
-            rec.err = Some(e.split(':').next().unwrap_or("error").to_owned());
+        Err(f) => {
+            rec.err = Some(f.kind);
             None
         }
     };
@@ -458,6 +610,117 @@ async fn turn(
         t.push(rec);
     }
     out
+}
+
+/// One try of a turn against `base`.
+async fn attempt(
+    s: &Shared,
+    base: &str,
+    host: Option<&str>,
+    id: TurnId,
+    body: Bytes,
+    started: Instant,
+) -> Result<Answer, Failed> {
+    let p = &s.params;
+    let fail = |kind: &str, retry: bool| Failed {
+        kind: kind.to_owned(),
+        retry,
+    };
+    let mut b = http::Request::post(format!("{base}/v1/chat/completions"))
+        .header("content-type", "application/json");
+    if let Some(h) = host {
+        // The name the client asked for, not the address it picked.
+        b = b.header("host", h);
+    }
+    if p.session_ids {
+        b = b.header("x-session-id", format!("conv-{:x}-{}", p.salt, id.conv));
+    }
+    if let Some(k) = &p.api_key {
+        b = b.header("authorization", format!("Bearer {k}"));
+    }
+    let req = b
+        .body(Full::new(body))
+        .map_err(|_| fail("bad_request", false))?;
+    let resp = match tokio::time::timeout(HEAD_TIMEOUT, s.client.request(req)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(_)) => return Err(fail("transport", true)),
+        Err(_) => return Err(fail("head_timeout", true)),
+    };
+    let code = resp.status().as_u16();
+    if !resp.status().is_success() {
+        let retry = code == 408 || code == 429 || code >= 500;
+        return Err(fail(&format!("http_{code}"), retry));
+    }
+    let mut a = Answer {
+        rank: resp
+            .headers()
+            .get("x-engine-rank")
+            .or_else(|| resp.headers().get("x-router-rank"))
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+        reason: resp
+            .headers()
+            .get("x-router-reason")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+        ..Default::default()
+    };
+    let mut body = resp.into_body();
+    let mut buf = Vec::new();
+    let mut first: Option<Instant> = None;
+    let mut last = started;
+    let mut tokens = 0u64;
+    let mut done = false;
+    while let Some(frame) = body.frame().await {
+        // A cut stream is sent again whole, as agent SDKs retry a broken connection.
+        let frame = frame.map_err(|_| fail("stream", true))?;
+        let Some(d) = frame.data_ref() else { continue };
+        buf.extend_from_slice(d);
+        while let Some(nl) = buf.windows(2).position(|w| w == b"\n\n") {
+            let ev: Vec<u8> = buf.drain(..nl + 2).collect();
+            let ev = String::from_utf8_lossy(&ev);
+            if ev.contains("event: error") {
+                return Err(fail("stream_error_event", true));
+            }
+            for line in ev.lines() {
+                let Some(data) = line.strip_prefix("data: ") else {
+                    continue;
+                };
+                if data == "[DONE]" {
+                    done = true;
+                    continue;
+                }
+                let Ok(v) = serde_json::from_str::<serde_json::Value>(data) else {
+                    continue;
+                };
+                if let Some(c) = v["choices"][0]["delta"]["content"].as_str() {
+                    if !c.is_empty() {
+                        let now = Instant::now();
+                        first.get_or_insert(now);
+                        last = now;
+                        tokens += 1;
+                        a.reply.push_str(c);
+                    }
+                }
+                if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
+                    a.prompt_tokens = u["prompt_tokens"].as_u64().unwrap_or(0);
+                    a.cached_tokens = u["prompt_tokens_details"]["cached_tokens"]
+                        .as_u64()
+                        .unwrap_or(0);
+                }
+            }
+        }
+    }
+    if !done {
+        // The body ended without [DONE]: cut short.
+        return Err(fail("truncated", true));
+    }
+    let first = first.ok_or_else(|| fail("empty_reply", false))?;
+    a.ttft = Some(first - started);
+    if tokens > 1 {
+        a.itl = Some((last - first) / (tokens as u32 - 1));
+    }
+    Ok(a)
 }
 
 /// Tokens an ideal router with an unbounded cache would serve from cache: the longest
@@ -513,17 +776,24 @@ fn report(label: &str, turns: &[Turn], elapsed: Duration) -> Report {
         .sum();
     let mut last: HashMap<u64, &str> = HashMap::new();
     let (mut same, mut follow) = (0u64, 0u64);
+    let (mut main_same, mut main_follow) = (0u64, 0u64);
     let mut per_rank: HashMap<&str, u64> = HashMap::new();
+    let mut per_router: BTreeMap<String, u64> = BTreeMap::new();
     for t in &ok {
+        *per_router.entry(t.router.clone()).or_insert(0) += 1;
         let Some(r) = t.rank.as_deref() else { continue };
         *per_rank.entry(r).or_insert(0) += 1;
         if let Some(prev) = last.insert(t.conv, r) {
             follow += 1;
+            let main = t.main && !t.fresh_context;
+            main_follow += u64::from(main);
             if prev == r {
                 same += 1;
+                main_same += u64::from(main);
             }
         }
     }
+    let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
     let mean = if per_rank.is_empty() {
         0.0
     } else {
@@ -550,15 +820,16 @@ fn report(label: &str, turns: &[Turn], elapsed: Duration) -> Report {
         } else {
             oracle as f64 / prompt as f64
         },
-        stickiness: if follow == 0 {
-            0.0
-        } else {
-            same as f64 / follow as f64
-        },
+        stickiness: ratio(same, follow),
+        main_stickiness: ratio(main_same, main_follow),
+        main_follow_ups: main_follow,
+        retries: turns.iter().map(|t| u64::from(t.retries)).sum(),
+        per_router,
         balance_max_over_mean: if mean == 0.0 { 0.0 } else { max / mean },
         ranks_used: per_rank.len(),
         prompt_tokens: prompt,
         seconds: secs,
+        started_unix: 0.0,
     }
 }
 

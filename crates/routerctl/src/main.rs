@@ -1,11 +1,14 @@
 //! `routerctl`: operator CLI for a router cluster. Talks to any peer's admin gRPC service
 //! (writes go through the leader); human tables by default, `--json` for scripts.
 
+mod certs;
+mod probe;
+
 use clap::{Parser, Subcommand};
 use router_proto::v1::admin_client::AdminClient;
 use router_proto::v1::{
-    AddPeerRequest, AdminReply, DrainRequest, Empty, JoinRequest, RemovePeerRequest, ServerInfo,
-    ServerRequest, StatusReply,
+    AddPeerRequest, AdminReply, DrainRequest, Empty, JoinRequest, PeerStatusRequest,
+    RemovePeerRequest, ServerInfo, ServerRequest, StatusReply,
 };
 use serde_json::json;
 use std::path::PathBuf;
@@ -83,6 +86,25 @@ enum Cmd {
     Peers {
         #[command(subcommand)]
         cmd: PeerCmd,
+    },
+    /// Create a cluster CA (once) and certificates for peers, e.g.
+    /// `routerctl certs --dir certs --node router-1,10.0.0.1 --node router-2,10.0.0.2`.
+    /// Needs no router.
+    Certs {
+        /// Directory for ca.pem/ca.key and <name>.pem/<name>.key (keys are mode 0600).
+        #[arg(long)]
+        dir: PathBuf,
+        /// A peer: its name, then the DNS names and IP addresses it is reached at. Repeat.
+        #[arg(long = "node")]
+        nodes: Vec<String>,
+        /// Replace existing peer certificates (the CA is always kept).
+        #[arg(long)]
+        force: bool,
+    },
+    /// GET an HTTP URL; exit 0 on a 2xx answer (container health checks). Needs no router.
+    Probe {
+        /// e.g. http://127.0.0.1:8080/health
+        url: String,
     },
 }
 
@@ -202,6 +224,31 @@ fn tls(cli: &Cli) -> anyhow::Result<Option<ClientTlsConfig>> {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    // The commands that talk to no router.
+    match &cli.cmd {
+        Cmd::Certs { dir, nodes, force } => {
+            let nodes = nodes
+                .iter()
+                .map(|n| certs::parse_node(n))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let made = certs::make(dir, &nodes, *force)?;
+            for p in &made.created {
+                println!("created {}", p.display());
+            }
+            for p in &made.kept {
+                println!("kept    {}", p.display());
+            }
+            return Ok(());
+        }
+        Cmd::Probe { url } => {
+            let code = probe::get(url, Duration::from_secs(cli.timeout.min(10))).await?;
+            if (200..300).contains(&code) {
+                return Ok(());
+            }
+            anyhow::bail!("{url} answered {code}");
+        }
+        _ => {}
+    }
     let conn = Conn {
         tls: tls(&cli)?,
         token: cli.token.clone(),
@@ -273,20 +320,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .await
                 .map_err(|s| status_error(&cli.router, s))?
                 .into_inner();
-            // Every peer's own view of its indexes; an unreachable peer is shown as such.
+            // Every peer's own view of its indexes, asked through the peer answering here
+            // (peer addresses may resolve only on the peers' network); an unreachable peer
+            // is shown as such.
             let mut per_peer = Vec::new();
             for p in &me.peers {
                 let s = if p.node_id == me.node_id {
                     Ok(me.clone())
                 } else {
-                    match conn.client(&p.addr).await {
-                        Ok(mut pc) => pc
-                            .status(conn.req(Empty {})?)
-                            .await
-                            .map(|r| r.into_inner())
-                            .map_err(|e| e.message().to_owned()),
-                        Err(e) => Err(e.to_string()),
-                    }
+                    c.peer_status(conn.req(PeerStatusRequest { node_id: p.node_id })?)
+                        .await
+                        .map(|r| r.into_inner())
+                        .map_err(|e| e.message().to_owned())
                 };
                 per_peer.push((p.clone(), s));
             }
@@ -337,6 +382,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             reply(cli.json, "done", &r);
         }
+        Cmd::Certs { .. } | Cmd::Probe { .. } => unreachable!("handled above"),
     }
     Ok(())
 }

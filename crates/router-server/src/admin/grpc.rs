@@ -15,8 +15,8 @@ use router_core::{parse_upstream_url, Command, Outcome, UpstreamUrl};
 use router_proto::v1::admin_client::AdminClient;
 use router_proto::v1::admin_server::Admin;
 use router_proto::v1::{
-    AddPeerRequest, AdminReply, DrainRequest, Empty, JoinRequest, PeerInfo, RemovePeerRequest,
-    ServerRequest, ServersReply, StatusReply,
+    AddPeerRequest, AdminReply, DrainRequest, Empty, JoinRequest, PeerInfo, PeerStatusRequest,
+    RemovePeerRequest, ServerRequest, ServersReply, StatusReply,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,6 +26,9 @@ use tonic::{Request, Response, Status};
 const MAX_CATCH_UP: Duration = Duration::from_secs(600);
 /// How long a call forwarded to the leader may take (a peer add waits for catch-up).
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(630);
+/// How long a relayed status call may take: a peer that does not answer by then is
+/// reported unreachable.
+const PEER_STATUS_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The admin gRPC service.
 pub struct AdminService {
@@ -118,13 +121,19 @@ impl AdminService {
             .network()
             .channel(&addr)
             .map_err(Status::internal)?;
-        let mut fwd = Request::new(msg);
-        if let Some(v) = req.metadata().get("authorization") {
-            fwd.metadata_mut().insert("authorization", v.clone());
-        }
+        let mut fwd = forwarded(req, msg);
         fwd.set_timeout(FORWARD_TIMEOUT);
         call(AdminClient::new(ch), fwd).await
     }
+}
+
+/// `msg` with the caller's token, to send on to another peer.
+fn forwarded<T, U>(req: &Request<T>, msg: U) -> Request<U> {
+    let mut fwd = Request::new(msg);
+    if let Some(v) = req.metadata().get("authorization") {
+        fwd.metadata_mut().insert("authorization", v.clone());
+    }
+    fwd
 }
 
 #[tonic::async_trait]
@@ -222,6 +231,44 @@ impl Admin for AdminService {
                 .await
             }
             Err(e) => Err(AdminError::Membership(e).into()),
+        }
+    }
+
+    async fn peer_status(
+        &self,
+        req: Request<PeerStatusRequest>,
+    ) -> Result<Response<StatusReply>, Status> {
+        self.auth(&req)?;
+        let id = req.get_ref().node_id;
+        if id == self.state.node().status().id {
+            return self.status(forwarded(&req, Empty {})).await;
+        }
+        let addr = self
+            .state
+            .node()
+            .status()
+            .members
+            .into_iter()
+            .find(|m| m.id == id)
+            .map(|m| m.addr)
+            .ok_or_else(|| Status::not_found(format!("node {id} is not a peer of this cluster")))?;
+        let ch = self
+            .state
+            .node()
+            .network()
+            .channel(&addr)
+            .map_err(Status::internal)?;
+        let mut fwd = forwarded(&req, Empty {});
+        fwd.set_timeout(PEER_STATUS_TIMEOUT);
+        match tokio::time::timeout(PEER_STATUS_TIMEOUT, AdminClient::new(ch).status(fwd)).await {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(s)) if s.code() == tonic::Code::Unavailable => Err(Status::unavailable(
+                format!("cannot reach node {id} at {addr}: {}", s.message()),
+            )),
+            Ok(Err(s)) => Err(s),
+            Err(_) => Err(Status::unavailable(format!(
+                "node {id} at {addr} did not answer within {PEER_STATUS_TIMEOUT:?}"
+            ))),
         }
     }
 
