@@ -18,7 +18,7 @@ if [ ! -f "$certs/router-3.pem" ]; then
     --node router-3,10.77.0.13,localhost,127.0.0.1 >/dev/null
 fi
 # The routers run as root in the container; the key files stay 0600 on the host.
-mkdir -p .data/compose/out
+mkdir -p .data/compose/out .data/compose/engine-logs
 upat=$(date +%s%3N)
 docker-compose up -d --quiet-pull 2>&1 | grep -v "^Creating\|^Starting" || true
 ctl() {

@@ -419,13 +419,6 @@ async fn compose_stack_routes_through_dns_survives_a_router_kill_and_cleans_up()
         ksame as f64 >= 0.99 * kall as f64,
         "stickiness from the kill on {ksame}/{kall} below 99% (moves: {kmoves:?})"
     );
-    // engine-5 took new conversations from the workload too.
-    let on_5 = turns
-        .iter()
-        .filter(|t| t["rank"] == "engine-5" && t["index"] == 0)
-        .count();
-    assert!(on_5 > 0, "no workload conversation started on engine-5");
-
     // After the run the three routers hold one state.
     let settle = digests_equal_within(Duration::from_secs(10)).await;
 

@@ -8,7 +8,7 @@ use hyper_util::rt::TokioIo;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Simulated vLLM/SGLang engine for router testing.
@@ -22,6 +22,11 @@ struct Cli {
     /// containers listen on 0.0.0.0, which names nothing).
     #[arg(long, env = "ENGINESIM_NAME")]
     name: Option<String>,
+    /// Append one JSON line per completion request received (wall time, engine name, the
+    /// router peer that sent it and when that peer routed it, from `x-router-peer` and
+    /// `x-router-routed-at`): the Jepsen suite checks leave safety with it.
+    #[arg(long, env = "ENGINESIM_REQUEST_LOG")]
+    request_log: Option<std::path::PathBuf>,
     /// Data-parallel ranks behind each port, chosen by `routed_dp_rank` (SGLang style).
     #[arg(long, default_value_t = 1)]
     dp_ranks: usize,
@@ -57,6 +62,37 @@ struct Cli {
     default_max_tokens: u32,
 }
 
+/// One line of the request log (completion requests only).
+fn log_request<B>(
+    log: &Mutex<std::io::LineWriter<std::fs::File>>,
+    name: &str,
+    req: &hyper::Request<B>,
+) {
+    use std::io::Write;
+    let path = req.uri().path();
+    if path != "/v1/chat/completions" && path != "/v1/completions" {
+        return;
+    }
+    let h = |k: &str| {
+        req.headers()
+            .get(k)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    let line = serde_json::json!({
+        "wall": wall,
+        "engine": name,
+        "peer": h("x-router-peer").and_then(|p| p.parse::<u64>().ok()),
+        "routed_at": h("x-router-routed-at").and_then(|t| t.parse::<f64>().ok()).map(|ms| ms / 1e3),
+    });
+    if let Ok(mut w) = log.lock() {
+        let _ = writeln!(w, "{line}");
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -80,6 +116,15 @@ async fn main() -> anyhow::Result<()> {
     if cli.name.is_some() && cli.listen.len() > 1 {
         anyhow::bail!("--name names one engine: give one --listen with it");
     }
+    let log: Option<Arc<Mutex<std::io::LineWriter<std::fs::File>>>> = match &cli.request_log {
+        Some(p) => Some(Arc::new(Mutex::new(std::io::LineWriter::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)?,
+        )))),
+        None => None,
+    };
     let mut tasks = Vec::new();
     for addr in &cli.listen {
         let listener = tokio::net::TcpListener::bind(addr).await?;
@@ -98,6 +143,8 @@ async fn main() -> anyhow::Result<()> {
             cfg: cfg.clone(),
             ranks,
         });
+        let log = log.clone();
+        let name = addr.clone();
         tasks.push(tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
@@ -105,9 +152,14 @@ async fn main() -> anyhow::Result<()> {
                 };
                 let _ = stream.set_nodelay(true);
                 let st = st.clone();
+                let log = log.clone();
+                let name = name.clone();
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| {
                         let st = st.clone();
+                        if let Some(l) = &log {
+                            log_request(l, &name, &req);
+                        }
                         async move { Ok::<_, Infallible>(serve(st, req).await) }
                     });
                     let _ = hyper::server::conn::http1::Builder::new()

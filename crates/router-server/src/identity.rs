@@ -14,11 +14,19 @@ pub const MAX_HOPS: usize = 8;
 /// This router's id: one per cluster (every peer forwards as one router), one per
 /// process otherwise. A hash, so it tells nothing about the cluster's name.
 #[derive(Debug, Clone)]
-pub struct RouterId(HeaderValue);
+pub struct RouterId(HeaderValue, Option<HeaderValue>);
+
+/// The header naming the Raft peer that routed a forwarded request (cluster mode), and
+/// the one carrying when it did (Unix milliseconds): engines may log them, and the Jepsen
+/// suite checks with them that no peer routes to a server after confirming its leave.
+pub const PEER_HEADER: &str = "x-router-peer";
+/// See [`PEER_HEADER`].
+pub const ROUTED_AT_HEADER: &str = "x-router-routed-at";
 
 impl RouterId {
-    /// The id of a peer of cluster `cluster_id`, or of a single router (`None`).
-    pub fn new(cluster_id: Option<&str>) -> RouterId {
+    /// The id of peer `node` of cluster `cluster_id`, or of a single router (`None`).
+    pub fn new(cluster: Option<(&str, u64)>) -> RouterId {
+        let cluster_id = cluster.map(|c| c.0);
         let h = match cluster_id {
             Some(c) => xxh3_64(format!("llm-router-cluster:{c}").as_bytes()),
             None => {
@@ -30,7 +38,13 @@ impl RouterId {
         };
         RouterId(
             HeaderValue::from_str(&format!("{h:016x}")).unwrap_or(HeaderValue::from_static("0")),
+            cluster.map(|(_, node)| HeaderValue::from(node)),
         )
+    }
+
+    /// This peer's node id as a header value (cluster mode only).
+    pub fn peer(&self) -> Option<&HeaderValue> {
+        self.1.as_ref()
     }
 
     /// The header value.
@@ -79,8 +93,8 @@ mod tests {
 
     #[test]
     fn loops_are_seen() {
-        let a = RouterId::new(Some("prod"));
-        let b = RouterId::new(Some("prod"));
+        let a = RouterId::new(Some(("prod", 1)));
+        let b = RouterId::new(Some(("prod", 1)));
         let c = RouterId::new(None);
         assert_eq!(a.header(), b.header(), "peers of one cluster share an id");
         assert_ne!(a.header(), c.header());

@@ -54,7 +54,11 @@ pub async fn run(cfg: Config, shutdown: watch::Receiver<bool>) -> anyhow::Result
         None => None,
     };
     let metrics = Arc::new(Metrics::default());
-    let id = RouterId::new(cfg.cluster.as_ref().map(|c| c.cluster_id.as_str()));
+    let id = RouterId::new(
+        cfg.cluster
+            .as_ref()
+            .map(|c| (c.cluster_id.as_str(), c.node_id)),
+    );
     let client = client::upstream_client(&cfg);
     let state: Arc<dyn RoutingState> = match &cfg.cluster {
         Some(c) => {

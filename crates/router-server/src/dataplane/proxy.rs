@@ -447,6 +447,13 @@ fn upstream_request(
     }
     h.insert(header::HOST, up.host.clone());
     h.append(identity::HEADER, ctx_id.header().clone());
+    if let Some(peer) = ctx_id.peer() {
+        h.insert(identity::PEER_HEADER, peer.clone());
+        let ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        h.insert(identity::ROUTED_AT_HEADER, HeaderValue::from(ms));
+    }
     if let Some(t) = &cfg.upstream_token {
         if let Ok(v) = HeaderValue::from_str(&format!("Bearer {t}")) {
             h.insert(header::AUTHORIZATION, v);

@@ -1,0 +1,134 @@
+//! The compose cluster as the suite drives it: container names and addresses, docker
+//! commands for faults, iptables rules for partitions (a chain of our own hooked into
+//! DOCKER-USER, removed by name), and routerctl for admin operations.
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+/// The routers: (name, address on the compose network, published HTTP port, published
+/// admin port, Raft node id).
+pub const ROUTERS: [(&str, &str, u16, u16, u64); 3] = [
+    ("router-1", "10.77.0.11", 18081, 17081, 1),
+    ("router-2", "10.77.0.12", 18082, 17082, 2),
+    ("router-3", "10.77.0.13", 18083, 17083, 3),
+];
+/// Engines the admin clients join, drain and remove (1 and 2 always stay).
+pub const MOVABLE: [&str; 3] = [
+    "http://engine-3:9000",
+    "http://engine-4:9000",
+    "http://engine-5:9000",
+];
+/// Every engine container.
+pub const ENGINES: [&str; 5] = ["engine-1", "engine-2", "engine-3", "engine-4", "engine-5"];
+/// The compose cluster's admin token (`.env`).
+pub const TOKEN: &str = "compose-admin-token-change-me";
+/// Our iptables chain.
+const CHAIN: &str = "JEPSEN-ROUTER";
+
+/// Runs a command in the workspace root; the output, or why it could not start.
+pub fn sh(program: &str, args: &[&str]) -> Result<Output, String> {
+    Command::new(program)
+        .args(args)
+        .current_dir(crate::workspace())
+        .output()
+        .map_err(|e| format!("{program}: {e}"))
+}
+
+/// Runs a command that must succeed.
+pub fn must(program: &str, args: &[&str]) -> anyhow::Result<String> {
+    let o = sh(program, args).map_err(anyhow::Error::msg)?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    anyhow::ensure!(
+        o.status.success(),
+        "{program} {} failed: {text}",
+        args.join(" ")
+    );
+    Ok(text)
+}
+
+/// A router's address by name.
+pub fn ip_of(router: &str) -> &'static str {
+    ROUTERS
+        .iter()
+        .find(|r| r.0 == router)
+        .map_or("0.0.0.0", |r| r.1)
+}
+
+/// Creates the partition chain (empty) and hooks it in; removes leftovers first.
+pub fn partition_setup() -> anyhow::Result<()> {
+    partition_teardown();
+    must("iptables", &["-N", CHAIN])?;
+    must("iptables", &["-I", "DOCKER-USER", "-j", CHAIN])?;
+    Ok(())
+}
+
+/// Removes the chain and its hook (also after a failed run).
+pub fn partition_teardown() {
+    for _ in 0..4 {
+        let _ = sh("iptables", &["-D", "DOCKER-USER", "-j", CHAIN]);
+    }
+    let _ = sh("iptables", &["-F", CHAIN]);
+    let _ = sh("iptables", &["-X", CHAIN]);
+}
+
+/// Drops packets from `a` to `b` (one way), or with probability `p` when given.
+pub fn drop_between(a: &str, b: &str, p: Option<f64>) -> anyhow::Result<()> {
+    let (sa, sb) = (ip_of(a), ip_of(b));
+    let mut args = vec!["-A", CHAIN, "-s", sa, "-d", sb];
+    let prob;
+    if let Some(p) = p {
+        prob = format!("{p}");
+        args.extend([
+            "-m",
+            "statistic",
+            "--mode",
+            "random",
+            "--probability",
+            &prob,
+        ]);
+    }
+    args.extend(["-j", "DROP"]);
+    must("iptables", &args)?;
+    Ok(())
+}
+
+/// Heals every partition.
+pub fn heal_all() -> anyhow::Result<()> {
+    must("iptables", &["-F", CHAIN])?;
+    Ok(())
+}
+
+/// `routerctl --json` through `router`'s published admin port: (exit ok, stdout+stderr).
+pub async fn routerctl(router: &str, args: &[&str], timeout: Duration) -> (bool, String) {
+    let port = ROUTERS.iter().find(|r| r.0 == router).map_or(0, |r| r.3);
+    let ctl = crate::workspace().join("target/release/routerctl");
+    let ca = crate::workspace().join(".data/compose/certs/ca.pem");
+    let mut cmd = tokio::process::Command::new(ctl);
+    cmd.arg("--router")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--ca")
+        .arg(ca)
+        .arg("--token")
+        .arg(TOKEN)
+        .arg("--json")
+        .arg("--timeout")
+        .arg(timeout.as_secs().max(1).to_string())
+        .args(args)
+        .kill_on_drop(true);
+    match tokio::time::timeout(timeout + Duration::from_secs(2), cmd.output()).await {
+        Ok(Ok(o)) => (
+            o.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            ),
+        ),
+        Ok(Err(e)) => (false, format!("cannot run routerctl: {e}")),
+        Err(_) => (false, "routerctl timed out".into()),
+    }
+}
