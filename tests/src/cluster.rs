@@ -197,6 +197,22 @@ impl Cluster {
         self.procs[i] = Some(p);
     }
 
+    /// Peer `i`'s Raft data directory.
+    pub fn data_dir(&self, i: usize) -> PathBuf {
+        self.data.path(&format!("peer{i}"))
+    }
+
+    /// Starts peer `i` without waiting for it to serve (for a start that should fail).
+    pub fn spawn_unchecked(&self, i: usize) -> Proc {
+        let cfg = self.dirs[i].path("router.toml");
+        std::fs::write(&cfg, &self.tomls[i]).expect("write config");
+        crate::spawn_router(
+            &self.dirs[i],
+            &["--config", cfg.to_str().expect("utf8")],
+            &[("ROUTER_ADMIN_TOKEN", ADMIN_TOKEN)],
+        )
+    }
+
     /// `kill -9` of peer `i`.
     pub fn kill(&mut self, i: usize) {
         if let Some(mut p) = self.procs[i].take() {

@@ -190,16 +190,39 @@ pub struct PeerService {
     raft: Raft<TypeConfig>,
     cluster_id: Arc<str>,
     require_cert: bool,
+    /// Until set, Raft calls are refused: a peer that started without state has not yet
+    /// checked that it did not lose it (see `ClusterNode::check_not_lost`).
+    ready: Arc<std::sync::atomic::AtomicBool>,
+    sm: crate::store::StateMachineStore,
 }
 
 impl PeerService {
     /// Serves `raft` for cluster `cluster_id`. With `require_cert`, a caller must have
     /// presented a client certificate that the TLS layer verified against the cluster CA.
-    pub fn new(raft: Raft<TypeConfig>, cluster_id: &str, require_cert: bool) -> PeerService {
+    /// Raft calls are served once `ready` is set; `sm` answers which peers acknowledged.
+    pub fn new(
+        raft: Raft<TypeConfig>,
+        cluster_id: &str,
+        require_cert: bool,
+        ready: Arc<std::sync::atomic::AtomicBool>,
+        sm: crate::store::StateMachineStore,
+    ) -> PeerService {
         PeerService {
             raft,
             cluster_id: Arc::from(cluster_id),
             require_cert,
+            ready,
+            sm,
+        }
+    }
+
+    fn check_ready(&self) -> Result<(), Status> {
+        if self.ready.load(std::sync::atomic::Ordering::Acquire) {
+            Ok(())
+        } else {
+            Err(Status::unavailable(
+                "starting without Raft state: checking that it was not lost",
+            ))
         }
     }
 
@@ -234,6 +257,7 @@ fn reply<T: Serialize>(v: &T) -> Result<Response<RaftMessage>, Status> {
 #[tonic::async_trait]
 impl Peer for PeerService {
     async fn vote(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        self.check_ready()?;
         let m = self.check(req)?;
         let r = self.raft.vote(decode(&m)?).await;
         reply(&r)
@@ -243,6 +267,7 @@ impl Peer for PeerService {
         &self,
         req: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
+        self.check_ready()?;
         let m = self.check(req)?;
         let r = self.raft.append_entries(decode(&m)?).await;
         reply(&r)
@@ -252,12 +277,14 @@ impl Peer for PeerService {
         &self,
         req: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
+        self.check_ready()?;
         let m = self.check(req)?;
         let r = self.raft.install_snapshot(decode(&m)?).await;
         reply(&r)
     }
 
     async fn forward(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        self.check_ready()?;
         let m = self.check(req)?;
         let cmd: router_core::Command = decode(&m)?;
         match self.raft.client_write(cmd).await {
@@ -268,6 +295,21 @@ impl Peer for PeerService {
                 error: e.to_string(),
             })),
         }
+    }
+
+    async fn acked(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        self.check(req)?;
+        let ids: Vec<NodeId> = self
+            .sm
+            .state
+            .read()
+            .await
+            .machine
+            .acked()
+            .iter()
+            .copied()
+            .collect();
+        reply(&ids)
     }
 
     async fn applied(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {

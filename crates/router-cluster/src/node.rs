@@ -16,7 +16,8 @@ use router_proto::v1::RaftMessage;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::{self, Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -42,6 +43,9 @@ pub struct NodeConfig {
     pub max_entries: u64,
     /// Session hints kept.
     pub max_sessions: u64,
+    /// Starting without Raft state, serve no Raft call until [`ClusterNode::check_not_lost`]
+    /// has run (the router sets it; embedders that form clusters by hand may not).
+    pub guard_lost_data: bool,
 }
 
 /// A running peer.
@@ -57,6 +61,11 @@ pub struct ClusterNode {
     listen: SocketAddr,
     tls: Option<ServerTlsConfig>,
     server: Mutex<Option<(oneshot::Sender<()>, tokio::task::JoinHandle<()>)>>,
+    /// Started without any Raft state.
+    fresh: bool,
+    /// Raft calls are served (see [`ClusterNode::check_not_lost`]).
+    ready: Arc<AtomicBool>,
+    data_dir: PathBuf,
 }
 
 /// How long a write waits for a reachable leader (an election takes well under a second).
@@ -144,7 +153,21 @@ impl ClusterNode {
         let db = sled::open(&cfg.data_dir)
             .map_err(|e| anyhow::anyhow!("opening {}: {e}", cfg.data_dir.display()))?;
         let stats = Arc::new(StoreStats::default());
-        let log = LogStore::open(&db, stats.clone())?;
+        let mut log = LogStore::open(&db, stats.clone())?;
+        // No vote and no log (not even a purged one behind a snapshot): a new peer, or one
+        // whose data is gone. Read from storage: Raft's metrics are filled in only later.
+        let fresh = {
+            use openraft::storage::RaftLogStorage;
+            let st = log
+                .get_log_state()
+                .await
+                .map_err(|e| anyhow::anyhow!("reading the log: {e}"))?;
+            let vote = log
+                .read_vote()
+                .await
+                .map_err(|e| anyhow::anyhow!("reading the vote: {e}"))?;
+            vote.is_none() && st.last_log_id.is_none() && st.last_purged_log_id.is_none()
+        };
         let sm = StateMachineStore::open(
             &db,
             cfg.max_entries,
@@ -159,7 +182,11 @@ impl ClusterNode {
         let raft = Raft::new(cfg.id, Arc::new(raft_cfg), net.clone(), log, sm.clone())
             .await
             .map_err(|e| anyhow::anyhow!("starting raft: {e}"))?;
+        // A fresh peer serves no Raft call until `check_not_lost` has told new from lost.
         Ok(Arc::new(ClusterNode {
+            fresh,
+            ready: Arc::new(AtomicBool::new(!(fresh && cfg.guard_lost_data))),
+            data_dir: cfg.data_dir.clone(),
             raft,
             sm,
             id: cfg.id,
@@ -174,7 +201,13 @@ impl ClusterNode {
 
     /// Binds the peer address and serves the peer service plus `extra` (the admin service).
     pub async fn serve(self: &Arc<Self>, extra: Option<Routes>) -> anyhow::Result<()> {
-        let svc = PeerService::new(self.raft.clone(), &self.cluster_id, self.tls.is_some());
+        let svc = PeerService::new(
+            self.raft.clone(),
+            &self.cluster_id,
+            self.tls.is_some(),
+            self.ready.clone(),
+            self.sm.clone(),
+        );
         let peer = PeerServer::new(svc)
             .max_decoding_message_size(256 << 20)
             .max_encoding_message_size(256 << 20);
@@ -576,6 +609,112 @@ impl ClusterNode {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         (target, applied(), applied() >= target)
+    }
+
+    /// For a peer that started without Raft state: asks the other peers (`peers`: id ->
+    /// address, from the config) which peers have ever acknowledged log entries (the
+    /// leader records each one in the log, see [`ClusterNode::record_acks`]). If this id is
+    /// among them, this peer's data was lost: it must never vote or acknowledge with an empty log (it could vote
+    /// twice in a term, or help commit entries it then forgets), so this returns the error
+    /// to stop on. If they answer without it (a new cluster, or a peer about to be added),
+    /// Raft calls are served from then on. With no other peer answering it waits, asking
+    /// again every half second: a cluster cannot form without them anyway.
+    pub async fn check_not_lost(&self, peers: &BTreeMap<NodeId, String>) -> anyhow::Result<()> {
+        if !self.fresh || self.ready.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let others: Vec<(NodeId, &String)> = peers
+            .iter()
+            .filter(|(id, _)| **id != self.id)
+            .map(|(id, a)| (*id, a))
+            .collect();
+        let mut waited = 0u32;
+        while !others.is_empty() {
+            let mut answered = false;
+            for (id, addr) in &others {
+                let Some(acked) = self.remote_acked(addr).await else {
+                    continue;
+                };
+                answered = true;
+                if acked.contains(&self.id) {
+                    anyhow::bail!(
+                        "node {me} has no Raft state in {dir}, but peer {id} ({addr}) says node {me} \
+                         acknowledged log entries before: its data was lost, and a peer must never vote with a log it \
+                         lost. Remove it (`routerctl peers remove {me}`) and add it back under a \
+                         new node id with an empty data directory (`routerctl peers add ID ADDR`)",
+                        me = self.id,
+                        dir = self.data_dir.display(),
+                    );
+                }
+            }
+            if answered {
+                break;
+            }
+            if waited.is_multiple_of(20) {
+                tracing::warn!(
+                    "no Raft state here and no other peer answers yet: waiting to learn whether \
+                     this peer is new or lost its data"
+                );
+            }
+            waited += 1;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        self.ready.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// On the leader, every `every`: records in the log each peer (itself included) that
+    /// has acknowledged log entries and is not recorded yet, so that every peer can tell a
+    /// new peer from one that lost its data. Runs until the node is dropped.
+    pub fn record_acks(self: &Arc<Self>, every: Duration) {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(n) = weak.upgrade() else { return };
+                let m = n.metrics();
+                if m.state != ServerState::Leader {
+                    continue;
+                }
+                let mut acked: Vec<NodeId> = m
+                    .replication
+                    .as_ref()
+                    .map(|r| {
+                        r.iter()
+                            .filter(|(_, l)| l.is_some_and(|l| l.index > 0))
+                            .map(|(id, _)| *id)
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                if m.last_log_index.is_some_and(|i| i > 0) {
+                    acked.push(n.id);
+                }
+                let missing: Vec<NodeId> = {
+                    let st = n.sm.state.read().await;
+                    acked
+                        .into_iter()
+                        .filter(|id| !st.machine.has_acked(*id))
+                        .collect()
+                };
+                for id in missing {
+                    if let Err(e) = n.propose(Command::PeerAcked { id }).await {
+                        tracing::debug!(error = %e, id, "could not record a peer's first ack");
+                    }
+                }
+            }
+        });
+    }
+
+    async fn remote_acked(&self, addr: &str) -> Option<Vec<NodeId>> {
+        let ch = self.net.channel(addr).ok()?;
+        let mut req = tonic::Request::new(RaftMessage {
+            cluster_id: self.cluster_id.clone(),
+            payload: Vec::new(),
+            error: String::new(),
+        });
+        req.set_timeout(Duration::from_millis(500));
+        let reply = PeerClient::new(ch).acked(req).await.ok()?.into_inner();
+        crate::codec::decode(&reply.payload).ok()
     }
 
     async fn remote_applied(&self, addr: &str) -> Option<u64> {

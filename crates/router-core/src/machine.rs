@@ -76,6 +76,12 @@ pub enum Command {
         /// Node id.
         id: u64,
     },
+    /// A router peer has acknowledged log entries: from now on, that id starting without
+    /// any Raft state means its data was lost (it must not vote with an empty log).
+    PeerAcked {
+        /// Node id.
+        id: u64,
+    },
 }
 
 /// What applying a command says back to the proposer.
@@ -141,6 +147,7 @@ pub struct Machine {
     next_rank: RankId,
     loads: BTreeMap<u64, PeerLoad>,
     retired: BTreeSet<u64>,
+    acked: BTreeSet<u64>,
 }
 
 /// Serializable image of a [`Machine`], for Raft snapshots.
@@ -157,6 +164,9 @@ pub struct MachineSnapshot {
     /// Router peer ids that left (never reused).
     #[serde(default)]
     pub retired_peers: Vec<u64>,
+    /// Router peer ids that have acknowledged log entries.
+    #[serde(default)]
+    pub acked_peers: Vec<u64>,
 }
 
 impl Machine {
@@ -168,6 +178,7 @@ impl Machine {
             next_rank: 0,
             loads: BTreeMap::new(),
             retired: BTreeSet::new(),
+            acked: BTreeSet::new(),
         }
     }
 
@@ -273,12 +284,26 @@ impl Machine {
                 }
                 None => Outcome::Rejected(Rejection::UnknownServer(url.clone())),
             },
+            Command::PeerAcked { id } => {
+                self.acked.insert(*id);
+                Outcome::Ok
+            }
             Command::RetirePeer { id } => {
                 self.retired.insert(*id);
                 self.loads.remove(id);
                 Outcome::Ok
             }
         }
+    }
+
+    /// Whether router peer `id` has ever acknowledged log entries.
+    pub fn has_acked(&self, id: u64) -> bool {
+        self.acked.contains(&id)
+    }
+
+    /// Router peer ids that have acknowledged log entries.
+    pub fn acked(&self) -> &BTreeSet<u64> {
+        &self.acked
     }
 
     /// Whether a router peer id was retired (and so may not join again).
@@ -333,6 +358,10 @@ impl Machine {
         for r in &self.retired {
             h.update(&r.to_le_bytes());
         }
+        h.update(b"acked");
+        for a in &self.acked {
+            h.update(&a.to_le_bytes());
+        }
         h.digest()
     }
 
@@ -344,6 +373,7 @@ impl Machine {
             next_rank: self.next_rank,
             loads: self.loads.iter().map(|(k, v)| (*k, v.clone())).collect(),
             retired_peers: self.retired.iter().copied().collect(),
+            acked_peers: self.acked.iter().copied().collect(),
         }
     }
 
@@ -359,6 +389,7 @@ impl Machine {
             next_rank: s.next_rank,
             loads: s.loads.iter().cloned().collect(),
             retired: s.retired_peers.iter().copied().collect(),
+            acked: s.acked_peers.iter().copied().collect(),
         }
     }
 }
@@ -480,6 +511,21 @@ mod tests {
         // Routes to a departed rank are ignored.
         m.apply(&routes(0, 9, 3));
         assert_eq!(m.model().stats().entries, 0);
+    }
+
+    #[test]
+    fn acked_peers_are_state_and_survive_a_snapshot() {
+        let mut m = Machine::new(1000, 100);
+        let before = m.digest();
+        assert_eq!(m.apply(&Command::PeerAcked { id: 3 }), Outcome::Ok);
+        assert!(m.has_acked(3) && !m.has_acked(2));
+        assert_ne!(m.digest(), before, "acks are part of the digest");
+        let back = Machine::restore(&m.snapshot());
+        assert!(back.has_acked(3));
+        assert_eq!(back.digest(), m.digest());
+        // Idempotent.
+        m.apply(&Command::PeerAcked { id: 3 });
+        assert_eq!(back.digest(), m.digest());
     }
 
     #[test]

@@ -60,6 +60,7 @@ pub async fn run(cfg: Config, shutdown: watch::Receiver<bool>) -> anyhow::Result
             .map(|c| (c.cluster_id.as_str(), c.node_id)),
     );
     let client = client::upstream_client(&cfg);
+    let mut startup_check = None;
     let state: Arc<dyn RoutingState> = match &cfg.cluster {
         Some(c) => {
             let cs = ClusterState::start(&cfg, c, metrics.clone()).await?;
@@ -70,8 +71,10 @@ pub async fn run(cfg: Config, shutdown: watch::Receiver<bool>) -> anyhow::Result
                 client.clone(),
                 id.clone(),
             );
-            cs.serve(tonic::service::Routes::new(AdminServer::new(admin)))
-                .await?;
+            startup_check = Some(
+                cs.serve(tonic::service::Routes::new(AdminServer::new(admin)))
+                    .await?,
+            );
             // A restarted peer first applies what the others applied while it was down
             // (bounded), so it never routes from a stale map; clients queue meanwhile.
             let t = std::time::Instant::now();
@@ -120,7 +123,21 @@ pub async fn run(cfg: Config, shutdown: watch::Receiver<bool>) -> anyhow::Result
             shutdown.clone(),
         ))
     });
-    dataplane::serve(listener, ctx, tls, false, shutdown).await;
+    let serving = dataplane::serve(listener, ctx, tls, false, shutdown);
+    // A peer that finds it lost its data stops (the error says what to do).
+    let lost = async {
+        match startup_check {
+            Some(check) => match check.await {
+                Ok(Err(e)) => e,
+                _ => std::future::pending().await,
+            },
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        () = serving => {}
+        e = lost => return Err(e),
+    }
     if let Some(t) = metrics_task {
         let _ = t.await;
     }

@@ -64,6 +64,7 @@ pub async fn run(a: RaftArgs) -> anyhow::Result<()> {
                     },
                     max_entries: 50_000_000,
                     max_sessions: 1_000_000,
+                    guard_lost_data: false,
                     tls: None,
                 },
                 None,

@@ -143,3 +143,57 @@ async fn restart_after_purge_and_whole_cluster_restart_keep_the_map() {
     );
     c.wait_converged(20).await;
 }
+
+/// A peer whose disk is wiped must not come back as the same voter with an empty log (it
+/// could vote twice in a term, or count towards a commit it then forgets; peer 1 would even
+/// initialize a new cluster). It refuses to start with a clear error, and the other two go
+/// on committing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_lost_its_data_refuses_to_start_and_the_rest_commit() {
+    let engines = fleet(3).await;
+    let (http, raft) = Cluster::addresses(3);
+    let top = format!(
+        "[[upstreams]]\nurl = \"{}\"\n[[upstreams]]\nurl = \"{}\"\n",
+        engines[0].url(),
+        engines[1].url()
+    );
+    let mut c = Cluster::start(http, raft, &top, "").await;
+    c.wait_formed(2, 30).await;
+    // The leader records each peer's first acknowledgement in the log every 250 ms; a peer
+    // wiped before that is indistinguishable from a new one.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Peer 1: the lowest id, the one that initializes a new cluster.
+    c.kill(0);
+    std::fs::remove_dir_all(c.data_dir(0)).expect("wipe peer 1's data");
+    let mut p = c.spawn_unchecked(0);
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = p.child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "peer 1 with a wiped data dir kept running:\n{}",
+            p.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let log = p.log();
+    assert!(!status.success(), "it exited successfully:\n{log}");
+    assert!(
+        log.contains("its data was lost") && log.contains("peers remove 1"),
+        "no clear error:\n{log}"
+    );
+    eprintln!("peer 1 refused to start after {:?}", t.elapsed());
+    // The two others still commit: a join through peer 2 is applied on both.
+    let out = tokio::process::Command::new(bin("routerctl"))
+        .args(["--router", &c.raft[1].to_string(), "--token", ADMIN_TOKEN])
+        .args(["join", &engines[2].url()])
+        .output()
+        .await
+        .expect("routerctl");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "join failed: {text}");
+    assert!(text.contains("on peers [2, 3]"), "{text}");
+}

@@ -85,6 +85,7 @@ impl ClusterState {
                 raft: c.raft,
                 max_entries: cfg.cache.max_entries,
                 max_sessions: cfg.cache.max_sessions,
+                guard_lost_data: true,
                 tls: c.tls.as_ref().map(|t| PeerTls {
                     ca: t.ca.clone(),
                     cert: t.cert.clone(),
@@ -132,20 +133,31 @@ impl ClusterState {
     /// Serves the peer service plus `admin` on the peer port, then bootstraps: the lowest
     /// configured id makes the first membership of a new cluster, and the configured
     /// servers join through the log once there is a leader.
-    pub async fn serve(&self, admin: tonic::service::Routes) -> anyhow::Result<()> {
+    /// Returns the start-up check: it ends with an error when this peer lost its data
+    /// (the router must then stop), and runs in the background so that a peer waiting for
+    /// the others to answer still routes.
+    pub async fn serve(
+        &self,
+        admin: tonic::service::Routes,
+    ) -> anyhow::Result<tokio::task::JoinHandle<anyhow::Result<()>>> {
         self.node.serve(Some(admin)).await?;
+        self.node.record_acks(Duration::from_millis(250));
         let lowest = self.peers.keys().min().copied().unwrap_or(self.node.id);
-        if lowest == self.node.id {
-            // Spawned: initializing waits for the other peers, which may start later. On a
-            // restarted or already formed cluster it is refused and harmless.
-            let n = self.node.clone();
-            let members = self.peers.clone();
-            tokio::spawn(async move {
+        let n = self.node.clone();
+        let members = self.peers.clone();
+        let check = tokio::spawn(async move {
+            // Before this peer votes or acknowledges anything: if it has no state but the
+            // others know it as a member, its data was lost and it must stop.
+            n.check_not_lost(&members).await?;
+            if lowest == n.id {
+                // Initializing waits for the other peers, which may start later. On a
+                // restarted or already formed cluster it does nothing.
                 if let Err(e) = n.initialize(members).await {
                     tracing::error!(error = %e, "cluster initialization failed");
                 }
-            });
-        }
+            }
+            Ok(())
+        });
         // Idempotent: the same URL and ranks keep their ids.
         let n = self.node.clone();
         let joins = self.configured.clone();
@@ -166,7 +178,7 @@ impl ClusterState {
                 }
             }
         });
-        Ok(())
+        Ok(check)
     }
 
     /// The Raft peer.
