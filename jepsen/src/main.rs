@@ -6,6 +6,7 @@
 mod check;
 mod docker;
 mod history;
+mod plot;
 mod report;
 mod rng;
 mod run;
@@ -60,7 +61,8 @@ enum Cmd {
         #[arg(long)]
         keep: bool,
     },
-    /// Run every checker over a history (JSON lines) and write results.json beside it.
+    /// Run every checker over a history (JSON lines); write results.json and the plots
+    /// beside it.
     Check {
         /// The history file.
         history: PathBuf,
@@ -144,6 +146,14 @@ async fn main() -> anyhow::Result<()> {
             let verdicts = check::all(&events, &limits);
             let out = history.with_file_name("results.json");
             std::fs::write(&out, serde_json::to_vec_pretty(&verdicts)?)?;
+            std::fs::write(
+                history.with_file_name("latency.svg"),
+                plot::latency(&events),
+            )?;
+            std::fs::write(
+                history.with_file_name("commits.svg"),
+                plot::commits(&events),
+            )?;
             let bad = print(&verdicts);
             println!("results in {}", out.display());
             if bad {

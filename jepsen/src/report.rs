@@ -16,6 +16,10 @@ pub fn markdown(o: &Opts, events: &[Event], verdicts: &[Verdict]) -> String {
         o.time.as_secs(),
         o.nemeses.join(",")
     );
+    let _ = writeln!(
+        m,
+        "![turn latency](latency.svg)\n\n![commit index per peer](commits.svg)\n"
+    );
     let _ = writeln!(m, "| checker | verdict | problems |\n|---|---|---|");
     for v in verdicts {
         let word = match v.valid {

@@ -132,8 +132,14 @@ async fn status_of(s: &Shared, router: &str, port: u16) -> Result<Value, String>
 
 async fn observer(s: Arc<Shared>) {
     while !s.stop.load(Relaxed) {
-        for (name, _, port, _, _) in ROUTERS {
-            match status_of(&s, name, port).await {
+        // The three at once: a paused peer's timeout must not thin out the others' reads.
+        let reads = ROUTERS.map(|(name, _, port, _, _)| {
+            let s = s.clone();
+            tokio::spawn(async move { (name, status_of(&s, name, port).await) })
+        });
+        for r in reads {
+            let Ok((name, res)) = r.await else { continue };
+            match res {
                 Ok(v) => {
                     if let Some(l) = v["leader"].as_u64() {
                         if v["role"] == "Leader" {
@@ -664,6 +670,8 @@ pub async fn run(o: Opts) -> anyhow::Result<Vec<check::Verdict>> {
         o.out.join("report.md"),
         crate::report::markdown(&o, &events, &verdicts),
     )?;
+    std::fs::write(o.out.join("latency.svg"), crate::plot::latency(&events))?;
+    std::fs::write(o.out.join("commits.svg"), crate::plot::commits(&events))?;
     docker::partition_teardown();
     if !o.keep {
         let _ = docker::sh("bash", &["scripts/compose-down.sh"]);
