@@ -26,6 +26,23 @@ pub fn workspace() -> PathBuf {
         .to_path_buf()
 }
 
+/// Removes what `cargo test` gives its test processes (LD_LIBRARY_PATH and package
+/// variables) from a command that runs cargo or a script that does: some build scripts
+/// watch them, and a nested build that saw them would rebuild half the graph in every test
+/// binary (and again in the shell).
+pub fn without_test_env(cmd: &mut Command) {
+    for (k, _) in std::env::vars() {
+        if k == "LD_LIBRARY_PATH"
+            || k.starts_with("CARGO_PKG_")
+            || k.starts_with("CARGO_MANIFEST_")
+            || k == "CARGO_CRATE_NAME"
+            || k == "CARGO_PRIMARY_PACKAGE"
+        {
+            cmd.env_remove(k);
+        }
+    }
+}
+
 /// Builds the workspace binaries once per test process and returns the path of `name`.
 /// Tests run the same profile the test binary was built with.
 pub fn bin(name: &str) -> PathBuf {
@@ -45,19 +62,7 @@ pub fn bin(name: &str) -> PathBuf {
         // invalidate each other's artifacts.
         cmd.current_dir(workspace())
             .args(["build", "--quiet", "--workspace", "--all-targets"]);
-        // `cargo test` gives its test processes a LD_LIBRARY_PATH and package variables that
-        // a shell does not have; some build scripts watch them, and a nested build that saw
-        // them would rebuild half the graph in every test binary (and again in the shell).
-        for (k, _) in std::env::vars() {
-            if k == "LD_LIBRARY_PATH"
-                || k.starts_with("CARGO_PKG_")
-                || k.starts_with("CARGO_MANIFEST_")
-                || k == "CARGO_CRATE_NAME"
-                || k == "CARGO_PRIMARY_PACKAGE"
-            {
-                cmd.env_remove(k);
-            }
-        }
+        without_test_env(&mut cmd);
         if release {
             cmd.arg("--release");
         }

@@ -5,7 +5,7 @@
 //! A binary of its own: it needs Docker and owns the `router` compose project while it
 //! runs. Needs the Docker daemon; fails with a clear message without it.
 
-use router_tests::{post, text, workspace};
+use router_tests::{post, text, without_test_env, workspace};
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -28,16 +28,7 @@ const START_AT: Duration = Duration::from_secs(34);
 fn cmd(program: &str, args: &[&str]) -> Command {
     let mut c = Command::new(program);
     c.args(args).current_dir(workspace());
-    for (k, _) in std::env::vars() {
-        if k == "LD_LIBRARY_PATH"
-            || k.starts_with("CARGO_PKG_")
-            || k.starts_with("CARGO_MANIFEST_")
-            || k == "CARGO_CRATE_NAME"
-            || k == "CARGO_PRIMARY_PACKAGE"
-        {
-            c.env_remove(k);
-        }
-    }
+    without_test_env(&mut c);
     c
 }
 

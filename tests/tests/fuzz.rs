@@ -3,25 +3,16 @@
 //! instrumented build never runs beside the timing-sensitive tests in `it`.
 //! `FUZZ_SECS` sets the time per target (default 30); `scripts/fuzz.sh 600` runs longer.
 
-use router_tests::workspace;
+use router_tests::{without_test_env, workspace};
 
 #[test]
 fn fuzz_targets_find_nothing() {
     let secs = std::env::var("FUZZ_SECS").unwrap_or_else(|_| "30".into());
     let mut cmd = std::process::Command::new("bash");
     cmd.arg(workspace().join("scripts/fuzz.sh")).arg(&secs);
-    // The nested cargo must not inherit this test's build environment (see bin()).
-    for (k, _) in std::env::vars() {
-        if k == "LD_LIBRARY_PATH"
-            || k.starts_with("CARGO_PKG_")
-            || k.starts_with("CARGO_MANIFEST_")
-            || k == "CARGO_CRATE_NAME"
-            || k == "CARGO_PRIMARY_PACKAGE"
-            || k == "RUSTFLAGS"
-        {
-            cmd.env_remove(k);
-        }
-    }
+    // The nested cargo must not inherit this test's build environment, nor its flags.
+    without_test_env(&mut cmd);
+    cmd.env_remove("RUSTFLAGS");
     let out = cmd.output().expect("running scripts/fuzz.sh");
     let text = format!(
         "{}{}",

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::oneshot;
 use tonic::service::Routes;
-use tonic::transport::ServerTlsConfig;
+use tonic::transport::{Channel, ServerTlsConfig};
 
 /// Settings of one peer.
 #[derive(Debug, Clone)]
@@ -705,7 +705,9 @@ impl ClusterNode {
         });
     }
 
-    async fn remote_acked(&self, addr: &str) -> Option<Vec<NodeId>> {
+    /// An empty peer request with this cluster's id and a short deadline, and a client to
+    /// `addr`: the small questions one peer asks another.
+    fn ask(&self, addr: &str) -> Option<(PeerClient<Channel>, tonic::Request<RaftMessage>)> {
         let ch = self.net.channel(addr).ok()?;
         let mut req = tonic::Request::new(RaftMessage {
             cluster_id: self.cluster_id.clone(),
@@ -713,19 +715,18 @@ impl ClusterNode {
             error: String::new(),
         });
         req.set_timeout(Duration::from_millis(500));
-        let reply = PeerClient::new(ch).acked(req).await.ok()?.into_inner();
+        Some((PeerClient::new(ch), req))
+    }
+
+    async fn remote_acked(&self, addr: &str) -> Option<Vec<NodeId>> {
+        let (mut c, req) = self.ask(addr)?;
+        let reply = c.acked(req).await.ok()?.into_inner();
         crate::codec::decode(&reply.payload).ok()
     }
 
     async fn remote_applied(&self, addr: &str) -> Option<u64> {
-        let ch = self.net.channel(addr).ok()?;
-        let mut req = tonic::Request::new(RaftMessage {
-            cluster_id: self.cluster_id.clone(),
-            payload: Vec::new(),
-            error: String::new(),
-        });
-        req.set_timeout(Duration::from_millis(500));
-        let reply = PeerClient::new(ch).applied(req).await.ok()?.into_inner();
+        let (mut c, req) = self.ask(addr)?;
+        let reply = c.applied(req).await.ok()?.into_inner();
         crate::codec::decode(&reply.payload).ok()
     }
 
