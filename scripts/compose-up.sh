@@ -37,8 +37,8 @@ until [ "$(docker inspect -f '{{.State.Health.Status}}' router-1 router-2 router
   sleep 0.5
 done
 healthy=$(date +%s%3N)
-ctl join http://engine-3:9000 --capacity-tokens 150000
-ctl join http://engine-4:9000 --capacity-tokens 150000
+ctl join http://engine-3:9000 --capacity-tokens 400000
+ctl join http://engine-4:9000 --capacity-tokens 400000
 secs() { echo "$(( $1 / 1000 )).$(( $1 % 1000 / 100 ))"; }
 echo "cluster up: healthy $(secs $((healthy - started))) s after start, $(secs $((healthy - upat))) s after docker-compose up"
 cat <<TXT

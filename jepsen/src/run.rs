@@ -288,7 +288,7 @@ async fn admin(s: Arc<Shared>, mut rng: Rng) {
             None,
         );
         let args: Vec<&str> = match f {
-            "join" => vec!["join", url, "--capacity-tokens", "150000"],
+            "join" => vec!["join", url, "--capacity-tokens", "400000"],
             "leave" => vec!["leave", url],
             "drain" => vec!["drain", url],
             _ => vec!["drain", url, "--undo"],
