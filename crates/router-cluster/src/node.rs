@@ -294,7 +294,13 @@ impl ClusterNode {
             term: m.current_term,
             leader: m.current_leader,
             last_log_index: m.last_log_index.unwrap_or(0),
-            commit_index: self.stats.committed.load(Relaxed),
+            // The committed index is learned from the leader; until then (a restart) what
+            // this peer applied is committed too.
+            commit_index: self
+                .stats
+                .committed
+                .load(Relaxed)
+                .max(m.last_applied.map_or(0, |l| l.index)),
             applied_index: m.last_applied.map_or(0, |l| l.index),
             snapshot_index: m.snapshot.map_or(0, |s| s.index),
             purged_index: m.purged.map_or(0, |s| s.index),

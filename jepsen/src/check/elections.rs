@@ -34,20 +34,28 @@ pub fn check(events: &[Event]) -> Verdict {
             }
         }
     }
-    // Leader faults: windows whose value names the leader it hit.
+    // Leader faults: windows whose value names the leader it hit. The next leader is the
+    // first one any peer reports in a higher term than the faulted leader's (the old leader
+    // itself may win again once it is back).
     let mut times = Vec::new();
     for (fault, start, _, value) in windows(events) {
         let Some(old) = value["leader"].as_str() else {
             continue;
         };
+        let term_then = status
+            .iter()
+            .filter(|e| e.time <= start && e.value["role"] == "Leader")
+            .filter_map(|e| e.value["term"].as_u64())
+            .max()
+            .unwrap_or(0);
         let new = status.iter().find(|e| {
             e.time > start
                 && e.value["role"] == "Leader"
-                && e.value["peer"].as_str().is_some_and(|p| p != old)
+                && e.value["term"].as_u64().is_some_and(|t| t > term_then)
         });
         match new {
             Some(e) => times.push(json!({"fault": fault, "at": start, "old": old,
-                "new": e.value["peer"], "seconds": e.time - start})),
+                "new": e.value["peer"], "term": e.value["term"], "seconds": e.time - start})),
             None => times.push(json!({"fault": fault, "at": start, "old": old, "new": null})),
         }
     }
@@ -91,6 +99,13 @@ mod tests {
         let v = check(&h.0);
         assert_eq!(v.valid, Some(false), "{v:?}");
         let fine = H::default()
+            .at(
+                0.4,
+                "observer",
+                Ok,
+                "status",
+                json!({"peer": "router-1", "role": "Leader", "term": 3}),
+            )
             .at(
                 0.5,
                 "nemesis",
