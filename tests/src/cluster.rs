@@ -62,8 +62,13 @@ impl Pki {
 /// GET `/health` with the admin token (the detailed answer: upstreams and Raft status), as
 /// JSON (None when the peer does not answer in 2 s).
 pub async fn health(addr: SocketAddr) -> Option<serde_json::Value> {
+    health_as(addr, ADMIN_TOKEN).await
+}
+
+/// [`health`] with another admin token.
+pub async fn health_as(addr: SocketAddr, token: &str) -> Option<serde_json::Value> {
     let req = http::Request::get(format!("http://{addr}/health"))
-        .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .header("authorization", format!("Bearer {token}"))
         .body(http_body_util::Full::new(bytes::Bytes::new()))
         .ok()?;
     let resp = tokio::time::timeout(Duration::from_secs(2), client().request(req))

@@ -5,6 +5,7 @@
 //! A binary of its own: it needs Docker and owns the `router` compose project while it
 //! runs. Needs the Docker daemon; fails with a clear message without it.
 
+use router_tests::cluster::health_as;
 use router_tests::{post, text, without_test_env, workspace};
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Command, Output, Stdio};
@@ -98,20 +99,7 @@ fn routerctl(port: u16, args: &[&str]) -> String {
 /// router that does not answer.
 async fn views() -> Vec<Option<(u64, String)>> {
     let one = |port: u16| async move {
-        let req = http::Request::get(format!("http://127.0.0.1:{port}/health"))
-            .header("authorization", format!("Bearer {TOKEN}"))
-            .body(http_body_util::Full::new(bytes::Bytes::new()))
-            .ok()?;
-        let resp =
-            tokio::time::timeout(Duration::from_secs(2), router_tests::client().request(req))
-                .await
-                .ok()?
-                .ok()?;
-        let b = http_body_util::BodyExt::collect(resp.into_body())
-            .await
-            .ok()?
-            .to_bytes();
-        let h: serde_json::Value = serde_json::from_slice(&b).ok()?;
+        let h = health_as(([127, 0, 0, 1], port).into(), TOKEN).await?;
         Some((
             h["cluster"]["applied_index"].as_u64()?,
             h["cluster"]["state_digest"].as_str()?.to_owned(),

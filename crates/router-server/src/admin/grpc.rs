@@ -102,6 +102,17 @@ impl AdminService {
         }))
     }
 
+    /// An admin client to another peer over the peer network's cached channel.
+    fn admin_client(&self, addr: &str) -> Result<AdminClient<tonic::transport::Channel>, Status> {
+        let ch = self
+            .state
+            .node()
+            .network()
+            .channel(addr)
+            .map_err(Status::internal)?;
+        Ok(AdminClient::new(ch))
+    }
+
     /// Membership changes happen on the leader: forward there with the caller's token.
     async fn on_leader<T, F, Fut>(
         &self,
@@ -115,15 +126,10 @@ impl AdminService {
         Fut: std::future::Future<Output = Result<Response<AdminReply>, Status>>,
     {
         let addr = addr.ok_or_else(|| Status::unavailable("no leader at the moment; retry"))?;
-        let ch = self
-            .state
-            .node()
-            .network()
-            .channel(&addr)
-            .map_err(Status::internal)?;
+        let client = self.admin_client(&addr)?;
         let mut fwd = forwarded(req, msg);
         fwd.set_timeout(FORWARD_TIMEOUT);
-        call(AdminClient::new(ch), fwd).await
+        call(client, fwd).await
     }
 }
 
@@ -240,27 +246,20 @@ impl Admin for AdminService {
     ) -> Result<Response<StatusReply>, Status> {
         self.auth(&req)?;
         let id = req.get_ref().node_id;
-        if id == self.state.node().status().id {
+        let me = self.state.node().status();
+        if id == me.id {
             return self.status(forwarded(&req, Empty {})).await;
         }
-        let addr = self
-            .state
-            .node()
-            .status()
+        let addr = me
             .members
             .into_iter()
             .find(|m| m.id == id)
             .map(|m| m.addr)
             .ok_or_else(|| Status::not_found(format!("node {id} is not a peer of this cluster")))?;
-        let ch = self
-            .state
-            .node()
-            .network()
-            .channel(&addr)
-            .map_err(Status::internal)?;
+        let mut client = self.admin_client(&addr)?;
         let mut fwd = forwarded(&req, Empty {});
         fwd.set_timeout(PEER_STATUS_TIMEOUT);
-        match tokio::time::timeout(PEER_STATUS_TIMEOUT, AdminClient::new(ch).status(fwd)).await {
+        match tokio::time::timeout(PEER_STATUS_TIMEOUT, client.status(fwd)).await {
             Ok(Ok(r)) => Ok(r),
             Ok(Err(s)) if s.code() == tonic::Code::Unavailable => Err(Status::unavailable(
                 format!("cannot reach node {id} at {addr}: {}", s.message()),
