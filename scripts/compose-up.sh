@@ -11,11 +11,12 @@ source .env
 started=$(date +%s%3N)
 scripts/build-image.sh
 certs=.data/compose/certs
-if [ ! -f "$certs/router-3.pem" ]; then
+if [ ! -f "$certs/router-4.pem" ]; then
   target/release/routerctl certs --dir "$certs" \
     --node router-1,10.77.0.11,localhost,127.0.0.1 \
     --node router-2,10.77.0.12,localhost,127.0.0.1 \
-    --node router-3,10.77.0.13,localhost,127.0.0.1 >/dev/null
+    --node router-3,10.77.0.13,localhost,127.0.0.1 \
+    --node router-4,10.77.0.14,localhost,127.0.0.1 >/dev/null
 fi
 # The routers run as root in the container; the key files stay 0600 on the host.
 mkdir -p .data/compose/out .data/compose/engine-logs

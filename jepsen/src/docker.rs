@@ -5,13 +5,71 @@
 use std::process::{Command, Output};
 use std::time::Duration;
 
-/// The routers: (name, address on the compose network, published HTTP port, published
-/// admin port, Raft node id).
-pub const ROUTERS: [(&str, &str, u16, u16, u64); 3] = [
+/// The router containers: (name, address on the compose network, published HTTP port,
+/// published admin port, initial Raft node id). The first three are the initial voters;
+/// router-4 (profile `extra`) is added and removed by the membership nemesis. A container
+/// whose data was lost comes back under a new id.
+pub const ROUTERS: [(&str, &str, u16, u16, u64); 4] = [
     ("router-1", "10.77.0.11", 18081, 17081, 1),
     ("router-2", "10.77.0.12", 18082, 17082, 2),
     ("router-3", "10.77.0.13", 18083, 17083, 3),
+    ("router-4", "10.77.0.14", 18084, 17084, 4),
 ];
+/// The router container that is not an initial voter.
+pub const SPARE: &str = "router-4";
+
+/// A router's published HTTP port.
+pub fn http_port(router: &str) -> u16 {
+    ROUTERS.iter().find(|r| r.0 == router).map_or(0, |r| r.2)
+}
+
+/// `docker-compose` with each router's node id (`ROUTER_N_ID`, read by docker-compose.yml)
+/// in its environment, so no command recreates a router under a stale id.
+pub fn compose(ids: &[(&str, u64)], args: &[&str]) -> anyhow::Result<String> {
+    let mut c = Command::new("docker-compose");
+    c.args(args)
+        .current_dir(crate::workspace())
+        .env("COMPOSE_PROJECT_NAME", "router");
+    for (name, id) in ids {
+        let n = name.trim_start_matches("router-");
+        c.env(format!("ROUTER_{n}_ID"), id.to_string());
+    }
+    let o = c.output()?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    anyhow::ensure!(
+        o.status.success(),
+        "docker-compose {} failed: {text}",
+        args.join(" ")
+    );
+    Ok(text)
+}
+
+/// Removes a router container and its data volume: the disk is gone.
+pub fn wipe(router: &str) -> anyhow::Result<()> {
+    let _ = sh("docker", &["rm", "-f", router]);
+    must(
+        "docker",
+        &["volume", "rm", "-f", &format!("router_{router}-data")],
+    )?;
+    Ok(())
+}
+
+/// A container's log (stdout and stderr).
+pub fn logs(name: &str) -> String {
+    sh("docker", &["logs", name])
+        .map(|o| {
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            )
+        })
+        .unwrap_or_default()
+}
 /// Engines the admin clients join, drain and remove (1 and 2 always stay).
 pub const MOVABLE: [&str; 3] = [
     "http://engine-3:9000",

@@ -32,13 +32,13 @@ pub struct Event {
     /// Seconds since the Unix epoch.
     #[serde(default)]
     pub wall: f64,
-    /// Who: `client-N`, `admin-N`, `nemesis`, `observer`, `engine-N`.
+    /// Who: `client-N`, `admin-N`, `operator`, `nemesis`, `observer`, `engine-N`.
     pub process: String,
     /// Invoke, ok, fail or info.
     #[serde(rename = "type")]
     pub kind: Type,
-    /// The operation: `turn`, `join`, `leave`, `drain`, `undrain`, `peers_add`,
-    /// `peers_remove`, `status`, `final`, `request`, or a fault (`kill`, `pause`,
+    /// The operation: `turn`, `join`, `leave`, `drain`, `undrain`, `peers-add`,
+    /// `peers-remove`, `restart-empty`, `status`, `final`, `request`, `log`, or a fault (`kill`, `pause`,
     /// `partition`, ...; invoke = the fault starts, ok = it is healed).
     pub f: String,
     /// Arguments and, on completions, results.

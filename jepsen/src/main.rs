@@ -29,11 +29,13 @@ struct Cli {
 enum Cmd {
     /// Run against the compose cluster (it is started, and removed afterwards).
     Run {
-        /// Nemesis families, comma-separated: kill, pause, partition, loss, engine.
+        /// Nemesis families, comma-separated: kill, pause, partition, loss, engine,
+        /// membership (peers add/remove of router-4 while a peer is down), disk (a peer's
+        /// data volume lost).
         #[arg(
             long,
             value_delimiter = ',',
-            default_value = "kill,pause,partition,loss,engine"
+            default_value = "kill,pause,partition,loss,engine,membership,disk"
         )]
         nemesis: Vec<String>,
         /// Seconds of the fault phase.
@@ -43,7 +45,7 @@ enum Cmd {
         #[arg(long, default_value_t = 1)]
         seed: u64,
         /// Concurrent agent clients.
-        #[arg(long, default_value_t = 8)]
+        #[arg(long, default_value_t = 16)]
         clients: usize,
         /// Seconds each fault lasts.
         #[arg(long, default_value_t = 8.0)]

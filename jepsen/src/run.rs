@@ -4,7 +4,7 @@
 //! engines' request logs and the routers' logs into the history, and the checkers.
 
 use crate::check;
-use crate::docker::{self, must, ENGINES, MOVABLE, ROUTERS};
+use crate::docker::{self, must, ENGINES, MOVABLE, ROUTERS, SPARE};
 use crate::history::{Event, Type};
 use crate::rng::{text, Rng};
 use bytes::Bytes;
@@ -13,10 +13,14 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// Seconds between a reply and the conversation's next turn (uniform).
+const THINK: (f64, f64) = (1.0, 3.0);
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -90,12 +94,65 @@ impl Rec {
     }
 }
 
+/// Which router containers are members of the cluster (the clients, the admin client and
+/// the observer use these) and each container's current node id.
+struct Cluster {
+    ids: BTreeMap<&'static str, u64>,
+    members: Vec<&'static str>,
+    next_id: u64,
+}
+
 struct Shared {
     rec: Rec,
+    cluster: Mutex<Cluster>,
     stop: AtomicBool,
     /// The leader's node id as the observer last saw it (0: none).
     leader: AtomicU64,
     http: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl Shared {
+    fn members(&self) -> Vec<&'static str> {
+        self.cluster
+            .lock()
+            .map(|c| c.members.clone())
+            .unwrap_or_default()
+    }
+
+    fn ids(&self) -> Vec<(&'static str, u64)> {
+        self.cluster
+            .lock()
+            .map(|c| c.ids.iter().map(|(k, v)| (*k, *v)).collect())
+            .unwrap_or_default()
+    }
+
+    fn id_of(&self, router: &str) -> u64 {
+        self.ids()
+            .into_iter()
+            .find(|(n, _)| *n == router)
+            .map_or(0, |x| x.1)
+    }
+
+    /// A fresh node id (ids are never reused), now `router`'s.
+    fn new_id(&self, router: &'static str) -> u64 {
+        let Ok(mut c) = self.cluster.lock() else {
+            return 0;
+        };
+        let id = c.next_id;
+        c.next_id += 1;
+        c.ids.insert(router, id);
+        id
+    }
+
+    fn set_member(&self, router: &'static str, member: bool) {
+        if let Ok(mut c) = self.cluster.lock() {
+            c.members.retain(|m| *m != router);
+            if member {
+                c.members.push(router);
+                c.members.sort_unstable();
+            }
+        }
+    }
 }
 
 async fn get_json(s: &Shared, url: &str, timeout: Duration) -> Result<Value, String> {
@@ -116,7 +173,8 @@ async fn get_json(s: &Shared, url: &str, timeout: Duration) -> Result<Value, Str
 }
 
 /// A peer's status from its detailed /health, in the history's `status` shape.
-async fn status_of(s: &Shared, router: &str, port: u16) -> Result<Value, String> {
+async fn status_of(s: &Shared, router: &str) -> Result<Value, String> {
+    let port = docker::http_port(router);
     let h = get_json(
         s,
         &format!("http://127.0.0.1:{port}/health"),
@@ -125,18 +183,23 @@ async fn status_of(s: &Shared, router: &str, port: u16) -> Result<Value, String>
     .await?;
     let c = &h["cluster"];
     Ok(
-        json!({"peer": router, "role": c["role"], "term": c["term"], "leader": c["leader"],
-        "commit": c["commit_index"], "applied": c["applied_index"], "digest": c["state_digest"]}),
+        json!({"peer": router, "id": c["node_id"], "role": c["role"], "term": c["term"],
+        "leader": c["leader"], "commit": c["commit_index"], "applied": c["applied_index"],
+        "digest": c["state_digest"], "voters": c["voters"]}),
     )
 }
 
 async fn observer(s: Arc<Shared>) {
     while !s.stop.load(Relaxed) {
         // The three at once: a paused peer's timeout must not thin out the others' reads.
-        let reads = ROUTERS.map(|(name, _, port, _, _)| {
-            let s = s.clone();
-            tokio::spawn(async move { (name, status_of(&s, name, port).await) })
-        });
+        let reads: Vec<_> = s
+            .members()
+            .into_iter()
+            .map(|name| {
+                let s = s.clone();
+                tokio::spawn(async move { (name, status_of(&s, name).await) })
+            })
+            .collect();
         for r in reads {
             let Ok((name, res)) = r.await else { continue };
             match res {
@@ -182,13 +245,13 @@ async fn client(s: Arc<Shared>, id: usize, mut rng: Rng, harness: Arc<Vec<String
             }
             let body = json!({"model": "sim-model", "messages": msgs, "max_tokens": 8});
             let body = Bytes::from(serde_json::to_vec(&body).unwrap_or_default());
-            let mut order: Vec<usize> = (0..ROUTERS.len()).collect();
+            let mut order = s.members();
             for i in (1..order.len()).rev() {
                 order.swap(i, rng.below(i + 1));
             }
             let mut reply = None;
-            for &r in &order {
-                let (name, _, port, _, _) = ROUTERS[r];
+            for &name in &order {
+                let port = docker::http_port(name);
                 s.rec.log(
                     &process,
                     Type::Invoke,
@@ -264,7 +327,8 @@ async fn client(s: Arc<Shared>, id: usize, mut rng: Rng, harness: Arc<Vec<String
             msgs.push(json!({"role": "assistant", "content": reply}));
             let n = 300 + rng.below(1500);
             msgs.push(json!({"role": "user", "content": text(&mut rng, n)}));
-            tokio::time::sleep(Duration::from_secs_f64(rng.range_f(0.1, 0.4))).await;
+            // An agent's next turn waits for the model's answer and its tools: seconds.
+            tokio::time::sleep(Duration::from_secs_f64(rng.range_f(THINK.0, THINK.1))).await;
         }
     }
 }
@@ -278,7 +342,10 @@ async fn admin(s: Arc<Shared>, mut rng: Rng) {
         tokio::time::sleep(Duration::from_secs_f64(rng.range_f(1.0, 2.5))).await;
         let f = *rng.pick(&["join", "leave", "drain", "undrain"]);
         let url = *rng.pick(&MOVABLE);
-        let router = rng.pick(&ROUTERS).0;
+        let members = s.members();
+        let Some(&router) = members.get(rng.below(members.len().max(1))) else {
+            continue;
+        };
         s.rec.log(
             process,
             Type::Invoke,
@@ -309,8 +376,12 @@ async fn admin(s: Arc<Shared>, mut rng: Rng) {
             );
         } else {
             let lower = out.to_ascii_lowercase();
+            // Answers that say the change was not made; routerctl's "cannot reach" is a
+            // connection that was never made.
             let refused = lower.contains("unknown server")
+                || lower.contains("no server")
                 || lower.contains("not a server")
+                || lower.contains("cannot reach")
                 || lower.contains("connection refused")
                 || lower.contains("invalid");
             let kind = if refused { Type::Fail } else { Type::Info };
@@ -328,7 +399,7 @@ async fn admin(s: Arc<Shared>, mut rng: Rng) {
 
 fn leader_name(s: &Shared) -> Option<&'static str> {
     let id = s.leader.load(Relaxed);
-    ROUTERS.iter().find(|r| r.4 == id).map(|r| r.0)
+    s.ids().into_iter().find(|r| r.1 == id).map(|r| r.0)
 }
 
 /// Starts one fault; returns its name, description and how to heal it.
@@ -337,7 +408,7 @@ async fn start_fault(
     family: &str,
     rng: &mut Rng,
 ) -> anyhow::Result<(String, Value, Vec<(String, Vec<String>)>)> {
-    let names: Vec<&str> = ROUTERS.iter().map(|r| r.0).collect();
+    let names: Vec<&str> = s.members();
     let leader = leader_name(s);
     let lead = json!(leader);
     Ok(match family {
@@ -445,14 +516,319 @@ async fn start_fault(
                 )
             }
         }
-        other => anyhow::bail!("unknown nemesis '{other}' (kill, pause, partition, loss, engine)"),
+        other => anyhow::bail!(
+            "unknown nemesis '{other}' (kill, pause, partition, loss, engine, membership, disk)"
+        ),
     })
 }
 
+/// A member to send an admin change through, other than those in `avoid`.
+fn via(s: &Shared, rng: &mut Rng, avoid: &[&str]) -> Option<&'static str> {
+    let live: Vec<&'static str> = s
+        .members()
+        .into_iter()
+        .filter(|m| !avoid.contains(m))
+        .collect();
+    live.get(rng.below(live.len().max(1))).copied()
+}
+
+/// One `routerctl peers ...` operation by the operator, recorded: ok, fail when the router
+/// said no (the change was not made), info otherwise (it may have been made).
+async fn peers_op(
+    s: &Shared,
+    router: &str,
+    f: &str,
+    value: Value,
+    args: &[&str],
+    timeout: Duration,
+) -> Type {
+    let process = "operator";
+    s.rec
+        .log(process, Type::Invoke, f, value.clone(), Some(router), None);
+    let (ok, out) = docker::routerctl(router, args, timeout).await;
+    let kind = if ok {
+        Type::Ok
+    } else {
+        let lower = out.to_ascii_lowercase();
+        let refused = lower.contains("did not catch up")
+            || lower.contains("never reused")
+            || lower.contains("not a member")
+            || lower.contains("cannot reach")
+            || lower.contains("connection refused");
+        if refused {
+            Type::Fail
+        } else {
+            Type::Info
+        }
+    };
+    let err = (!ok).then(|| out.trim().to_owned());
+    s.rec.log(process, kind, f, value, Some(router), err);
+    kind
+}
+
+/// Starts a router container empty (its volume removed) under node id `id`.
+fn start_empty(s: &Shared, router: &'static str) -> anyhow::Result<()> {
+    docker::wipe(router)?;
+    docker::compose(
+        &s.ids(),
+        &["--profile", "extra", "up", "-d", "--no-deps", router],
+    )?;
+    Ok(())
+}
+
+/// Saves a router's log before its container goes, and checks it for panics.
+fn save_log(s: &Shared, out: &std::path::Path, router: &str, tag: &str) {
+    let text = docker::logs(router);
+    if text.is_empty() {
+        return;
+    }
+    let _ = std::fs::write(out.join(format!("{router}.{tag}.log")), &text);
+    let panics: Vec<&str> = text.lines().filter(|l| l.contains("panicked")).collect();
+    s.rec.log(
+        "observer",
+        Type::Ok,
+        "log",
+        json!({"peer": router, "panics": panics.len(),
+        "excerpt": panics.first().copied().unwrap_or("")}),
+        Some(router),
+        None,
+    );
+}
+
+/// Reads the voters from a member and makes the member list agree (after an admin change
+/// whose outcome is unknown). A container that is no voter is removed.
+async fn resync(s: &Shared, out: &std::path::Path) {
+    let mut voters: Option<Vec<u64>> = None;
+    for _ in 0..20 {
+        for m in s.members() {
+            if let Ok(v) = status_of(s, m).await {
+                if v["role"] == "Leader" {
+                    voters = serde_json::from_value(v["voters"].clone()).ok();
+                }
+            }
+        }
+        if voters.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let Some(voters) = voters else { return };
+    for (name, id) in s.ids() {
+        let member = voters.contains(&id);
+        let was = s.members().contains(&name);
+        s.set_member(name, member);
+        if was && !member {
+            save_log(s, out, name, &format!("removed-{id}"));
+            let _ = docker::sh("docker", &["rm", "-f", name]);
+        }
+    }
+}
+
+/// The membership nemesis: a peer of the initial three is killed or paused, and while it
+/// is down the spare router is added (started empty under a new id), added while nothing
+/// listens at its address (it must never become a voter), or removed.
+async fn membership_fault(
+    s: &Shared,
+    rng: &mut Rng,
+    fault_secs: f64,
+    out: &std::path::Path,
+) -> anyhow::Result<()> {
+    let members = s.members();
+    let spare_in = members.contains(&SPARE);
+    let initial: Vec<&'static str> = members.iter().copied().filter(|m| *m != SPARE).collect();
+    let victim = *rng.pick(&initial);
+    let leader = leader_name(s);
+    let pause = rng.below(2) == 0;
+    let change = if spare_in {
+        "remove"
+    } else if rng.below(3) == 0 {
+        "add-unreachable"
+    } else {
+        "add"
+    };
+    if pause {
+        must("docker", &["pause", victim])?;
+    } else {
+        must("docker", &["kill", "-s", "KILL", victim])?;
+    }
+    let t0 = Instant::now();
+    let value = json!({"targets": [victim], "fault": if pause { "pause" } else { "kill" },
+        "change": change, "leader": if Some(victim) == leader { json!(leader) } else { Value::Null }});
+    s.rec.log(
+        "nemesis",
+        Type::Invoke,
+        "membership",
+        value.clone(),
+        None,
+        None,
+    );
+    let through = via(s, rng, &[victim, SPARE]).unwrap_or(victim);
+    let addr = format!("{SPARE}:7081");
+    let kind = match change {
+        "add" => {
+            let id = s.new_id(SPARE);
+            start_empty(s, SPARE)?;
+            let idt = id.to_string();
+            let k = peers_op(
+                s,
+                through,
+                "peers-add",
+                json!({"id": id, "peer": SPARE, "addr": addr, "reachable": true}),
+                &["peers", "add", &idt, &addr],
+                Duration::from_secs(25),
+            )
+            .await;
+            if k == Type::Ok {
+                s.set_member(SPARE, true);
+            }
+            k
+        }
+        "add-unreachable" => {
+            let id = s.new_id(SPARE);
+            let _ = docker::sh("docker", &["rm", "-f", SPARE]);
+            let idt = id.to_string();
+            peers_op(
+                s,
+                through,
+                "peers-add",
+                json!({"id": id, "peer": SPARE, "addr": addr, "reachable": false}),
+                &["peers", "add", &idt, &addr, "--catch-up-secs", "3"],
+                Duration::from_secs(15),
+            )
+            .await
+        }
+        _ => {
+            let id = s.id_of(SPARE);
+            let idt = id.to_string();
+            let k = peers_op(
+                s,
+                through,
+                "peers-remove",
+                json!({"id": id, "peer": SPARE}),
+                &["peers", "remove", &idt],
+                Duration::from_secs(15),
+            )
+            .await;
+            if k == Type::Ok {
+                s.set_member(SPARE, false);
+                save_log(s, out, SPARE, &format!("removed-{id}"));
+                let _ = docker::sh("docker", &["rm", "-f", SPARE]);
+            }
+            k
+        }
+    };
+    let left = Duration::from_secs_f64(fault_secs).saturating_sub(t0.elapsed());
+    tokio::time::sleep(left).await;
+    if pause {
+        must("docker", &["unpause", victim])?;
+    } else {
+        must("docker", &["start", victim])?;
+    }
+    docker::heal_all()?;
+    s.rec
+        .log("nemesis", Type::Ok, "membership", value, None, None);
+    if kind == Type::Info {
+        resync(s, out).await;
+    }
+    Ok(())
+}
+
+/// The disk nemesis: a peer loses its data volume and is started again under its id. It
+/// must refuse to start (it acknowledged entries it no longer has, and a peer never votes
+/// with a log it lost). Then the operator's way back: `peers remove` the old id, start it
+/// empty under a new id, `peers add` that.
+async fn disk_fault(
+    s: &Shared,
+    rng: &mut Rng,
+    fault_secs: f64,
+    out: &std::path::Path,
+) -> anyhow::Result<()> {
+    let members = s.members();
+    let initial: Vec<&'static str> = members.iter().copied().filter(|m| *m != SPARE).collect();
+    let victim = *rng.pick(&initial);
+    let old = s.id_of(victim);
+    let leader = leader_name(s);
+    let t0 = Instant::now();
+    let value = json!({"targets": [victim], "id": old,
+        "leader": if Some(victim) == leader { json!(leader) } else { Value::Null }});
+    save_log(s, out, victim, &format!("before-disk-loss-{old}"));
+    s.rec
+        .log("nemesis", Type::Invoke, "disk", value.clone(), None, None);
+    start_empty(s, victim)?;
+    s.rec.log(
+        "operator",
+        Type::Invoke,
+        "restart-empty",
+        json!({"peer": victim, "id": old}),
+        Some(victim),
+        None,
+    );
+    let mut line = None;
+    let waited = Instant::now();
+    while line.is_none() && waited.elapsed() < Duration::from_secs(15) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        line = docker::logs(victim)
+            .lines()
+            .find(|l| l.contains("data was lost"))
+            .map(str::to_owned);
+    }
+    // Whether it took part anyway: its own status, if it answers.
+    let status = status_of(s, victim).await.ok();
+    s.rec.log(
+        "operator",
+        Type::Ok,
+        "restart-empty",
+        json!({"peer": victim, "id": old, "refused": line.is_some(), "line": line,
+        "status": status}),
+        Some(victim),
+        None,
+    );
+    s.set_member(victim, false);
+    save_log(s, out, victim, &format!("empty-{old}"));
+    let _ = docker::sh("docker", &["rm", "-f", victim]);
+    let left = Duration::from_secs_f64(fault_secs).saturating_sub(t0.elapsed());
+    tokio::time::sleep(left).await;
+    let through = via(s, rng, &[victim, SPARE])
+        .or_else(|| via(s, rng, &[victim]))
+        .unwrap_or(victim);
+    let idt = old.to_string();
+    peers_op(
+        s,
+        through,
+        "peers-remove",
+        json!({"id": old, "peer": victim}),
+        &["peers", "remove", &idt],
+        Duration::from_secs(15),
+    )
+    .await;
+    let id = s.new_id(victim);
+    start_empty(s, victim)?;
+    let idt = id.to_string();
+    let addr = format!("{victim}:7081");
+    let k = peers_op(
+        s,
+        through,
+        "peers-add",
+        json!({"id": id, "peer": victim, "addr": addr, "reachable": true}),
+        &["peers", "add", &idt, &addr],
+        Duration::from_secs(25),
+    )
+    .await;
+    if k == Type::Ok {
+        s.set_member(victim, true);
+    }
+    docker::heal_all()?;
+    s.rec.log("nemesis", Type::Ok, "disk", value, None, None);
+    if k != Type::Ok {
+        resync(s, out).await;
+    }
+    Ok(())
+}
+
 /// Undoes every fault there may be: network rules, paused and stopped containers.
-fn heal_everything() {
+fn heal_everything(s: &Shared) {
     let _ = docker::heal_all();
-    for (n, ..) in ROUTERS {
+    for n in s.members() {
         let _ = docker::sh("docker", &["unpause", n]);
         let _ = docker::sh("docker", &["start", n]);
     }
@@ -465,8 +841,8 @@ fn heal_everything() {
 /// Every peer's applied index, digest and server set, read after the final heal.
 async fn final_read(s: &Shared) -> Value {
     let mut peers = Vec::new();
-    for (name, _, port, _, _) in ROUTERS {
-        let st = status_of(s, name, port).await;
+    for name in s.members() {
+        let st = status_of(s, name).await;
         let (ok, out) = docker::routerctl(name, &["servers"], Duration::from_secs(3)).await;
         let servers: Option<Value> = ok
             .then(|| {
@@ -518,6 +894,15 @@ pub async fn run(o: Opts) -> anyhow::Result<Vec<check::Verdict>> {
     let mut rng = Rng::new(o.seed);
     let s = Arc::new(Shared {
         rec: Rec::new(),
+        cluster: Mutex::new(Cluster {
+            ids: ROUTERS.iter().map(|r| (r.0, r.4)).collect(),
+            members: ROUTERS
+                .iter()
+                .map(|r| r.0)
+                .filter(|n| *n != SPARE)
+                .collect(),
+            next_id: ROUTERS.len() as u64 + 1,
+        }),
         stop: AtomicBool::new(false),
         leader: AtomicU64::new(0),
         http: Client::builder(TokioExecutor::new()).build(HttpConnector::new()),
@@ -528,7 +913,8 @@ pub async fn run(o: Opts) -> anyhow::Result<Vec<check::Verdict>> {
         "initial",
         json!({"servers": {
         "http://engine-1:9000": {}, "http://engine-2:9000": {},
-        "http://engine-3:9000": {}, "http://engine-4:9000": {}}, "seed": o.seed}),
+        "http://engine-3:9000": {}, "http://engine-4:9000": {}}, "seed": o.seed,
+        "voters": [1, 2, 3]}),
         None,
         None,
     );
@@ -559,6 +945,16 @@ pub async fn run(o: Opts) -> anyhow::Result<Vec<check::Verdict>> {
             if Instant::now() + Duration::from_secs_f64(o.fault_secs) >= end {
                 break 'faults;
             }
+            if fam == "membership" {
+                membership_fault(&s, &mut rng, o.fault_secs, &o.out).await?;
+                tokio::time::sleep(Duration::from_secs_f64(o.quiet_secs)).await;
+                continue;
+            }
+            if fam == "disk" {
+                disk_fault(&s, &mut rng, o.fault_secs, &o.out).await?;
+                tokio::time::sleep(Duration::from_secs_f64(o.quiet_secs)).await;
+                continue;
+            }
             let (name, value, heal) = start_fault(&s, fam, &mut rng).await?;
             s.rec
                 .log("nemesis", Type::Invoke, &name, value.clone(), None, None);
@@ -576,7 +972,7 @@ pub async fn run(o: Opts) -> anyhow::Result<Vec<check::Verdict>> {
     for t in tasks {
         let _ = tokio::time::timeout(Duration::from_secs(15), t).await;
     }
-    heal_everything();
+    heal_everything(&s);
     // Final reads until the peers agree (or the checker's limit has clearly passed).
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(15) {
@@ -628,16 +1024,8 @@ pub async fn run(o: Opts) -> anyhow::Result<Vec<check::Verdict>> {
             }
         }
     }
-    for (name, ..) in ROUTERS {
-        let out = docker::sh("docker", &["logs", name])
-            .map(|o| {
-                format!(
-                    "{}{}",
-                    String::from_utf8_lossy(&o.stdout),
-                    String::from_utf8_lossy(&o.stderr)
-                )
-            })
-            .unwrap_or_default();
+    for name in s.members() {
+        let out = docker::logs(name);
         std::fs::write(o.out.join(format!("{name}.log")), &out)?;
         let panics: Vec<&str> = out.lines().filter(|l| l.contains("panicked")).collect();
         s.rec.log(

@@ -7,6 +7,7 @@ pub mod availability;
 pub mod convergence;
 pub mod elections;
 pub mod leave;
+pub mod membership;
 pub mod servers;
 pub mod sound;
 
@@ -68,6 +69,7 @@ pub fn all(events: &[Event], limits: &Limits) -> Vec<Verdict> {
         availability::check(events, limits.minority_availability),
         affinity::check(events, limits.affinity),
         elections::check(events),
+        membership::check(events),
         sound::check(events),
     ]
 }

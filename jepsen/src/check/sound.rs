@@ -37,8 +37,24 @@ pub fn check(events: &[Event]) -> Verdict {
         }
         last.insert(p.to_owned(), c);
     }
+    // Peers still members at the end (a removed peer's commit index rightly stands still).
+    let members: Option<Vec<String>> = events
+        .iter()
+        .rev()
+        .find(|e| e.f == "final" && e.kind == Type::Ok)
+        .map(|e| {
+            e.value["peers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p["peer"].as_str().map(str::to_owned))
+                .collect()
+        });
     if answered_after {
         for (p, c0) in &at_heal {
+            if members.as_ref().is_some_and(|m| !m.contains(p)) {
+                continue;
+            }
             let c1 = last.get(p).copied().unwrap_or(0);
             if c1 <= *c0 {
                 problems.push(format!(

@@ -164,5 +164,7 @@ fn cluster_json(v: &ClusterView) -> serde_json::Value {
         "purged_index": n.purged_index,
         "snapshots_installed": v.snapshots_installed,
         "state_digest": format!("{:016x}", v.digest),
+        "voters": n.members.iter().filter(|m| m.voter).map(|m| m.id).collect::<Vec<_>>(),
+        "learners": n.members.iter().filter(|m| !m.voter).map(|m| m.id).collect::<Vec<_>>(),
     })
 }

@@ -56,8 +56,15 @@ pub struct ClusterState {
 const QUEUE: usize = 65_536;
 /// Proposals in flight at once from one peer.
 const PIPELINE: usize = 4;
+/// How many times `max` routes one batch may grow to while no slot is free.
+const HELD_BATCH: usize = 16;
 /// How long an admin change waits for every peer to apply it.
 const CONFIRM: Duration = Duration::from_secs(3);
+/// How long a batch of decisions is retried while there is no leader (an election, a
+/// partition, a lossy link) before it is dropped. Longer than an election, so records made
+/// during a fault still reach the map; bounded so a peer cut off for good stops holding
+/// them (the overlay keeps routing by them here until then).
+const RECORD_RETRY: Duration = Duration::from_secs(15);
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -229,8 +236,8 @@ fn on_apply(p: Arc<Published>, counters: Arc<RaftCounters>, me: u64) -> OnApply 
 /// Batches decisions into `RecordRoutes` proposals: at most `max` routes or `wait` of
 /// waiting each, with up to [`PIPELINE`] proposals in flight. Followers forward to the
 /// leader. Each decision enters the overlay view as soon as it arrives here, so this peer
-/// routes by it before the log applies it. Without a leader a batch is retried a few times,
-/// then dropped and counted (the map is a cache; losing a batch costs hits, not
+/// routes by it before the log applies it. Without a leader a batch is retried for
+/// [`RECORD_RETRY`], then dropped and counted (the map is a cache; losing a batch costs hits, not
 /// correctness).
 async fn proposer(
     state: Arc<ClusterState>,
@@ -260,7 +267,22 @@ async fn proposer(
                 _ => break,
             }
         }
-        let Ok(permit) = inflight.clone().acquire_owned().await else {
+        // While every slot is busy (no leader to take them), later decisions still join
+        // this batch and so the overlay: this peer keeps routing by them. Bounded, beyond
+        // that they wait in the channel.
+        let permit = loop {
+            tokio::select! {
+                slot = inflight.clone().acquire_owned() => break slot,
+                r = rx.recv(), if n < max * HELD_BATCH => match r {
+                    Some(r) => {
+                        p.add_pending(seq, vec![r]);
+                        n += 1;
+                    }
+                    None => return,
+                },
+            }
+        };
+        let Ok(permit) = permit else {
             return;
         };
         let routes = p.routes_of(seq);
@@ -274,7 +296,9 @@ async fn proposer(
             st.counters.proposals.fetch_add(1, Relaxed);
             st.counters.proposed_routes.fetch_add(n as u64, Relaxed);
             let mut index = None;
-            for attempt in 0..5u64 {
+            let give_up = tokio::time::Instant::now() + RECORD_RETRY;
+            let mut pause = Duration::from_millis(50);
+            loop {
                 match st.node.propose_at(cmd.clone()).await {
                     Ok((i, _)) => {
                         index = Some(i);
@@ -282,8 +306,14 @@ async fn proposer(
                     }
                     Err(e) => {
                         st.counters.proposal_failures.fetch_add(1, Relaxed);
-                        tracing::debug!(error = %e, attempt, "proposal failed");
-                        tokio::time::sleep(Duration::from_millis(50 * (attempt + 1))).await;
+                        tracing::debug!(error = %e, "proposal failed");
+                        if tokio::time::Instant::now() + pause >= give_up {
+                            break;
+                        }
+                        // Retrying a batch that did apply is harmless: recording a route
+                        // again only refreshes it.
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_millis(500));
                     }
                 }
             }
