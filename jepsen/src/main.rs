@@ -41,6 +41,10 @@ enum Cmd {
         /// Seconds of the fault phase.
         #[arg(long, default_value_t = 300)]
         time: u64,
+        /// Run every nemesis family this many times (in a seeded order) and stop; `--time`
+        /// is then ignored. `--rounds 1` is the short profile the test suite runs.
+        #[arg(long, default_value_t = 0)]
+        rounds: usize,
         /// Seed of every random choice (clients, admin, nemeses).
         #[arg(long, default_value_t = 1)]
         seed: u64,
@@ -104,6 +108,7 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Run {
             nemesis,
             time,
+            rounds,
             seed,
             clients,
             fault_secs,
@@ -120,6 +125,7 @@ async fn main() -> anyhow::Result<()> {
             let opts = run::Opts {
                 seed,
                 time: Duration::from_secs(time),
+                rounds,
                 nemeses: nemesis,
                 clients,
                 fault_secs,

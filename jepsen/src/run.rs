@@ -29,6 +29,8 @@ pub struct Opts {
     pub seed: u64,
     /// Length of the fault phase.
     pub time: Duration,
+    /// When not 0: every family this many times, whatever the time.
+    pub rounds: usize,
     /// Nemesis families: kill, pause, partition, engine, loss.
     pub nemeses: Vec<String>,
     /// Concurrent agent clients.
@@ -935,14 +937,17 @@ pub async fn run(o: Opts) -> anyhow::Result<Vec<check::Verdict>> {
     // The nemesis schedule: quiet, fault, heal, quiet, ... over every family in turn
     // (shuffled per round) until the time is up.
     let end = Instant::now() + o.time;
+    let time_left = || o.rounds > 0 || Instant::now() + Duration::from_secs_f64(o.fault_secs) < end;
     tokio::time::sleep(Duration::from_secs_f64(o.quiet_secs)).await;
     let mut families = o.nemeses.clone();
-    'faults: while Instant::now() + Duration::from_secs_f64(o.fault_secs) < end {
+    let mut round = 0;
+    'faults: while time_left() && (o.rounds == 0 || round < o.rounds) {
+        round += 1;
         for i in (1..families.len()).rev() {
             families.swap(i, rng.below(i + 1));
         }
         for fam in &families {
-            if Instant::now() + Duration::from_secs_f64(o.fault_secs) >= end {
+            if !time_left() {
                 break 'faults;
             }
             if fam == "membership" {

@@ -6,6 +6,7 @@ use crate::network::{Network, PeerService};
 use crate::status::{Member, NodeStatus, Role, SnapshotStats};
 use crate::store::{LogStore, Node, NodeId, OnApply, StateMachineStore, StoreStats, TypeConfig};
 use crate::tls::PeerTls;
+use futures_util::future::join_all;
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::Raft;
 use openraft::{RaftMetrics, ServerState};
@@ -70,6 +71,12 @@ pub struct ClusterNode {
 
 /// How long a write waits for a reachable leader (an election takes well under a second).
 pub const PROPOSE_WAIT: Duration = Duration::from_secs(5);
+
+/// Longest wait for one answer when this peer asks another (applied index, acks). The
+/// request's grpc-timeout is only a header for the server: a paused peer accepts the
+/// connection and never answers, so the caller bounds the call itself, and asks all peers
+/// at once so one silent peer costs this once, not once per peer.
+const ASK_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Why a forwarded write failed.
 enum Forward {
@@ -523,11 +530,18 @@ impl ClusterNode {
             payload: crate::codec::encode(cmd).map_err(|e| failed(e.into()))?,
             error: String::new(),
         });
-        req.set_timeout(Duration::from_secs(5));
-        let reply = match PeerClient::new(ch).forward(req).await {
-            Ok(r) => r.into_inner(),
-            Err(s) if never_connected(&s) => return Err(Forward::NotSent(s.into())),
-            Err(s) => return Err(failed(s.into())),
+        let limit = Duration::from_secs(5);
+        req.set_timeout(limit);
+        // Bounded here too: a paused leader accepts the connection and never answers.
+        let reply = match tokio::time::timeout(limit, PeerClient::new(ch).forward(req)).await {
+            Ok(Ok(r)) => r.into_inner(),
+            Ok(Err(s)) if never_connected(&s) => return Err(Forward::NotSent(s.into())),
+            Ok(Err(s)) => return Err(failed(s.into())),
+            Err(_) => {
+                return Err(failed(anyhow::anyhow!(
+                    "the leader at {addr} did not answer within {limit:?}"
+                )))
+            }
         };
         if !reply.error.is_empty() {
             return Err(failed(anyhow::anyhow!("leader refused: {}", reply.error)));
@@ -551,8 +565,8 @@ impl ClusterNode {
         let mut pending = members;
         loop {
             let mut still = Vec::new();
-            for (id, addr) in pending {
-                let applied = if id == self.id {
+            let answers = join_all(pending.iter().map(|(id, addr)| async move {
+                if *id == self.id {
                     Some(
                         self.raft
                             .metrics()
@@ -561,8 +575,11 @@ impl ClusterNode {
                             .map_or(0, |l| l.index),
                     )
                 } else {
-                    self.remote_applied(&addr).await
-                };
+                    self.remote_applied(addr).await
+                }
+            }))
+            .await;
+            for ((id, addr), applied) in pending.into_iter().zip(answers) {
                 if applied.is_some_and(|a| a >= index) {
                     done.push(id);
                 } else {
@@ -595,12 +612,11 @@ impl ClusterNode {
                 .map(|(_, n)| n.addr.clone())
                 .collect()
         };
-        let mut target = None;
-        for a in &others {
-            if let Some(n) = self.remote_applied(a).await {
-                target = target.max(Some(n));
-            }
-        }
+        let target = join_all(others.iter().map(|a| self.remote_applied(a)))
+            .await
+            .into_iter()
+            .flatten()
+            .max();
         let applied = || {
             self.raft
                 .metrics()
@@ -637,8 +653,9 @@ impl ClusterNode {
         let mut waited = 0u32;
         while !others.is_empty() {
             let mut answered = false;
-            for (id, addr) in &others {
-                let Some(acked) = self.remote_acked(addr).await else {
+            let answers = join_all(others.iter().map(|(_, addr)| self.remote_acked(addr))).await;
+            for ((id, addr), acked) in others.iter().zip(answers) {
+                let Some(acked) = acked else {
                     continue;
                 };
                 answered = true;
@@ -720,19 +737,27 @@ impl ClusterNode {
             payload: Vec::new(),
             error: String::new(),
         });
-        req.set_timeout(Duration::from_millis(500));
+        req.set_timeout(ASK_TIMEOUT);
         Some((PeerClient::new(ch), req))
     }
 
     async fn remote_acked(&self, addr: &str) -> Option<Vec<NodeId>> {
         let (mut c, req) = self.ask(addr)?;
-        let reply = c.acked(req).await.ok()?.into_inner();
+        let reply = tokio::time::timeout(ASK_TIMEOUT, c.acked(req))
+            .await
+            .ok()?
+            .ok()?
+            .into_inner();
         crate::codec::decode(&reply.payload).ok()
     }
 
     async fn remote_applied(&self, addr: &str) -> Option<u64> {
         let (mut c, req) = self.ask(addr)?;
-        let reply = c.applied(req).await.ok()?.into_inner();
+        let reply = tokio::time::timeout(ASK_TIMEOUT, c.applied(req))
+            .await
+            .ok()?
+            .ok()?
+            .into_inner();
         crate::codec::decode(&reply.payload).ok()
     }
 

@@ -80,7 +80,8 @@ pub struct ClusterConfig {
     pub data_dir: PathBuf,
     /// Shared by the cluster's peers; a peer with another id is refused.
     pub cluster_id: String,
-    /// Initial voters (static bootstrap); the lowest id initializes a new cluster.
+    /// Initial voters (static bootstrap); the lowest id initializes a new cluster. A node
+    /// not listed is a new peer: it waits until a member adds it (`routerctl peers add`).
     pub peers: Vec<PeerConfig>,
     /// Raft timing and log retention (`heartbeat_ms`, `election_min_ms`,
     /// `election_max_ms`, `snapshot_every`, `keep_logs`), owned by router-cluster.
@@ -551,11 +552,14 @@ impl Config {
             return bad("log.format must be 'text' or 'json'".into());
         }
         if let Some(c) = &self.cluster {
-            if !c.peers.iter().any(|p| p.id == c.node_id) {
-                return bad(format!(
-                    "cluster.peers must include this node ({})",
-                    c.node_id
-                ));
+            // A node not among the initial voters is a new peer: it waits until a member
+            // adds it (`routerctl peers add`); it still needs them to ask.
+            if c.peers.is_empty() {
+                return bad(
+                    "cluster.peers must list the initial voters (this node among them when it \
+                     is one)"
+                        .into(),
+                );
             }
             if c.cluster_id.is_empty() {
                 return bad("cluster.cluster_id must not be empty".into());
@@ -686,6 +690,30 @@ mod tests {
         );
         std::fs::write(&p, cfg("10.0.0.5:7001", "insecure_plaintext = true\n")).unwrap();
         assert!(load(&[], Some(&p), Overrides::default()).is_ok());
+    }
+
+    #[test]
+    fn a_node_outside_the_initial_voters_is_a_new_peer_and_the_voters_must_be_listed() {
+        let dir = std::env::temp_dir().join(format!("rcfg-new-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("r.toml");
+        let cfg = |peers: &str| {
+            format!("[cluster]\nnode_id = 9\nlisten = \"127.0.0.1:7009\"\ndata_dir = \"/tmp/x\"\ncluster_id = \"c\"\npeers = [{peers}]\n")
+        };
+        std::fs::write(&p, cfg("{ id = 1, addr = \"127.0.0.1:7001\" }")).unwrap();
+        assert!(load(&[], Some(&p), Overrides::default()).is_ok());
+        // The id from the environment, as a replacement peer gets it.
+        figment::Jail::expect_with(|j| {
+            j.set_env("ROUTER_CLUSTER__NODE_ID", "12");
+            let c = load(&[], Some(&p), Overrides::default()).unwrap();
+            assert_eq!(c.cluster.unwrap().node_id, 12);
+            Ok(())
+        });
+        std::fs::write(&p, cfg("")).unwrap();
+        let e = load(&[], Some(&p), Overrides::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("initial voters"), "{e}");
     }
 
     #[test]

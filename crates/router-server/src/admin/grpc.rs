@@ -129,7 +129,15 @@ impl AdminService {
         let client = self.admin_client(&addr)?;
         let mut fwd = forwarded(req, msg);
         fwd.set_timeout(FORWARD_TIMEOUT);
-        call(client, fwd).await
+        // Bounded here as well: a paused leader takes the connection and never answers.
+        tokio::time::timeout(FORWARD_TIMEOUT, call(client, fwd))
+            .await
+            .map_err(|_| {
+                Status::deadline_exceeded(format!(
+                    "the leader at {addr} did not answer within {FORWARD_TIMEOUT:?}; the change \
+                     may still apply: check with `routerctl status`"
+                ))
+            })?
     }
 }
 

@@ -150,6 +150,14 @@ impl ClusterState {
         self.node.serve(Some(admin)).await?;
         self.node.record_acks(Duration::from_millis(250));
         let lowest = self.peers.keys().min().copied().unwrap_or(self.node.id);
+        if !self.peers.contains_key(&self.node.id) {
+            tracing::info!(
+                node = self.node.id,
+                "not one of the initial voters in cluster.peers: a new peer, it takes part \
+                 once a member adds it (`routerctl peers add {} ADDR`)",
+                self.node.id
+            );
+        }
         let n = self.node.clone();
         let members = self.peers.clone();
         let check = tokio::spawn(async move {
