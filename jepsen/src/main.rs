@@ -30,8 +30,9 @@ enum Cmd {
     /// Run against the compose cluster (it is started, and removed afterwards).
     Run {
         /// Nemesis families, comma-separated: kill, pause, partition, loss, engine,
-        /// membership (peers add/remove of router-4 while a peer is down), disk (a peer's
-        /// data volume lost).
+        /// membership (peers add/remove of router-4 while a peer is down; `membership:add`,
+        /// `membership:add-unreachable` or `membership:remove` forces one change), disk (a
+        /// peer's data volume lost).
         #[arg(
             long,
             value_delimiter = ',',

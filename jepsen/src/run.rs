@@ -519,7 +519,7 @@ async fn start_fault(
             }
         }
         other => anyhow::bail!(
-            "unknown nemesis '{other}' (kill, pause, partition, loss, engine, membership, disk)"
+            "unknown nemesis '{other}' (kill, pause, partition, loss, engine, membership[:add|add-unreachable|remove], disk)"
         ),
     })
 }
@@ -634,14 +634,23 @@ async fn membership_fault(
     rng: &mut Rng,
     fault_secs: f64,
     out: &std::path::Path,
+    forced: Option<&str>,
 ) -> anyhow::Result<()> {
+    if let Some(f) = forced {
+        anyhow::ensure!(
+            ["add", "add-unreachable", "remove"].contains(&f),
+            "membership:{f}: the changes are add, add-unreachable and remove"
+        );
+    }
     let members = s.members();
     let spare_in = members.contains(&SPARE);
     let initial: Vec<&'static str> = members.iter().copied().filter(|m| *m != SPARE).collect();
     let victim = *rng.pick(&initial);
     let leader = leader_name(s);
     let pause = rng.below(2) == 0;
-    let change = if spare_in {
+    let change = if let Some(f) = forced.filter(|f| !spare_in || *f == "remove") {
+        f
+    } else if spare_in {
         "remove"
     } else if rng.below(3) == 0 {
         "add-unreachable"
@@ -950,8 +959,9 @@ pub async fn run(o: Opts) -> anyhow::Result<Vec<check::Verdict>> {
             if !time_left() {
                 break 'faults;
             }
-            if fam == "membership" {
-                membership_fault(&s, &mut rng, o.fault_secs, &o.out).await?;
+            if let Some(forced) = fam.strip_prefix("membership") {
+                let forced = forced.strip_prefix(':');
+                membership_fault(&s, &mut rng, o.fault_secs, &o.out, forced).await?;
                 tokio::time::sleep(Duration::from_secs_f64(o.quiet_secs)).await;
                 continue;
             }

@@ -141,6 +141,34 @@ impl AdminService {
     }
 }
 
+/// How long a membership change waits for a leader it can reach (an election, a leader
+/// that went away and whose name no longer resolves).
+const LEADER_WAIT: Duration = Duration::from_secs(5);
+
+/// Whether a forward to the leader failed before it was sent: no leader known yet, or a
+/// connection that was never made (the name does not resolve, refused, no route). Only
+/// then is the change certainly not made and asking the next leader safe.
+fn never_sent(s: &Status) -> bool {
+    if s.code() != tonic::Code::Unavailable {
+        return false;
+    }
+    let mut text = s.message().to_ascii_lowercase();
+    let mut e: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(s);
+    while let Some(err) = e {
+        text.push(' ');
+        text.push_str(&err.to_string().to_ascii_lowercase());
+        e = err.source();
+    }
+    [
+        "no leader at the moment",
+        "dns error",
+        "connection refused",
+        "no route to host",
+    ]
+    .iter()
+    .any(|k| text.contains(k))
+}
+
 /// `msg` with the caller's token, to send on to another peer.
 fn forwarded<T, U>(req: &Request<T>, msg: U) -> Request<U> {
     let mut fwd = Request::new(msg);
@@ -206,21 +234,33 @@ impl Admin for AdminService {
             0 => CATCH_UP_TIMEOUT,
             ms => Duration::from_millis(ms).min(MAX_CATCH_UP),
         };
-        match self
-            .state
-            .node()
-            .add_peer_within(p.node_id, &p.addr, wait)
-            .await
-        {
-            Ok(()) => Ok(reply(
-                format!("node {} at {} caught up and is a voter", p.node_id, p.addr),
-                Vec::new(),
-            )),
-            Err(MembershipError::NotLeader(addr)) => {
-                self.on_leader(&req, addr, p, |mut c, r| async move { c.add_peer(r).await })
-                    .await
+        let deadline = tokio::time::Instant::now() + LEADER_WAIT;
+        loop {
+            let r = match self
+                .state
+                .node()
+                .add_peer_within(p.node_id, &p.addr, wait)
+                .await
+            {
+                Ok(()) => {
+                    return Ok(reply(
+                        format!("node {} at {} caught up and is a voter", p.node_id, p.addr),
+                        Vec::new(),
+                    ))
+                }
+                Err(MembershipError::NotLeader(addr)) => {
+                    let p = p.clone();
+                    self.on_leader(&req, addr, p, |mut c, r| async move { c.add_peer(r).await })
+                        .await
+                }
+                Err(e) => return Err(AdminError::Membership(e).into()),
+            };
+            match r {
+                Err(s) if never_sent(&s) && tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                r => return r,
             }
-            Err(e) => Err(AdminError::Membership(e).into()),
         }
     }
 
@@ -230,21 +270,32 @@ impl Admin for AdminService {
     ) -> Result<Response<AdminReply>, Status> {
         self.auth(&req)?;
         let p = *req.get_ref();
-        match self.state.node().remove_peer(p.node_id).await {
-            Ok(()) => Ok(reply(
-                format!("node {} removed; its id is retired", p.node_id),
-                Vec::new(),
-            )),
-            Err(MembershipError::NotLeader(addr)) => {
-                self.on_leader(
-                    &req,
-                    addr,
-                    p,
-                    |mut c, r| async move { c.remove_peer(r).await },
-                )
-                .await
+        let deadline = tokio::time::Instant::now() + LEADER_WAIT;
+        loop {
+            let r = match self.state.node().remove_peer(p.node_id).await {
+                Ok(()) => {
+                    return Ok(reply(
+                        format!("node {} removed; its id is retired", p.node_id),
+                        Vec::new(),
+                    ))
+                }
+                Err(MembershipError::NotLeader(addr)) => {
+                    self.on_leader(
+                        &req,
+                        addr,
+                        p,
+                        |mut c, r| async move { c.remove_peer(r).await },
+                    )
+                    .await
+                }
+                Err(e) => return Err(AdminError::Membership(e).into()),
+            };
+            match r {
+                Err(s) if never_sent(&s) && tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                r => return r,
             }
-            Err(e) => Err(AdminError::Membership(e).into()),
         }
     }
 
