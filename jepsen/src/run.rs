@@ -616,7 +616,11 @@ async fn resync(s: &Shared, out: &std::path::Path) {
     }
     let Some(voters) = voters else { return };
     for (name, id) in s.ids() {
-        let member = voters.contains(&id);
+        // Clients and the observer use routers that run; a voter whose container does not
+        // is left to the checkers (it does not answer the final read).
+        let running = docker::sh("docker", &["inspect", "-f", "{{.State.Running}}", name])
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "true");
+        let member = voters.contains(&id) && running;
         let was = s.members().contains(&name);
         s.set_member(name, member);
         if was && !member {

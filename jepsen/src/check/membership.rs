@@ -68,6 +68,23 @@ pub fn check(events: &[Event]) -> Verdict {
             _ => {}
         }
     }
+    // At any time, not only at the end: a voter nobody could reach costs the quorum one
+    // failure for as long as it stays.
+    for e in events
+        .iter()
+        .filter(|e| e.f == "status" && e.kind == Type::Ok)
+    {
+        let Ok(voters) = serde_json::from_value::<BTreeSet<u64>>(e.value["voters"].clone()) else {
+            continue;
+        };
+        if let Some(v) = voters.intersection(&unreachable).next() {
+            problems.push(format!(
+                "voter {v} was added while nothing listened at its address: {}",
+                show(e)
+            ));
+            break;
+        }
+    }
     let mut restarts = (0u64, 0u64);
     for e in events
         .iter()
@@ -201,6 +218,25 @@ mod tests {
         let h = add(H::default(), 1.0, 4, false, Fail);
         let v = check(&final_read(h, 9.0, &[1, 2, 3], &[1, 2, 3]).0);
         assert_eq!(v.valid, Some(true), "{v:?}");
+    }
+
+    #[test]
+    fn an_unreachable_voter_seen_during_the_run_is_invalid() {
+        // The add's outcome unknown (it hung without a quorum), removed again later: still
+        // caught by what the peers reported meanwhile.
+        let h = add(H::default(), 1.0, 5, false, Info).at(
+            3.0,
+            "observer",
+            Ok,
+            "status",
+            json!({"peer": "router-1", "voters": [1, 2, 3, 5]}),
+        );
+        let h = h
+            .at(5.0, "operator", Invoke, "peers-remove", json!({"id": 5}))
+            .at(6.0, "operator", Ok, "peers-remove", json!({"id": 5}));
+        let v = check(&final_read(h, 9.0, &[1, 2, 3], &[1, 2, 3]).0);
+        assert_eq!(v.valid, Some(false), "{v:?}");
+        assert!(v.problems[0].contains("voter 5"), "{v:?}");
     }
 
     #[test]
