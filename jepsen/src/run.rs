@@ -202,13 +202,16 @@ async fn observer(s: Arc<Shared>) {
                 tokio::spawn(async move { (name, status_of(&s, name).await) })
             })
             .collect();
+        // The leader is the one of the highest term: a deposed leader may still say it
+        // leads an older one.
+        let mut best: Option<(u64, u64)> = None;
         for r in reads {
             let Ok((name, res)) = r.await else { continue };
             match res {
                 Ok(v) => {
-                    if let Some(l) = v["leader"].as_u64() {
-                        if v["role"] == "Leader" {
-                            s.leader.store(l, Relaxed);
+                    if let (Some(l), Some(t)) = (v["leader"].as_u64(), v["term"].as_u64()) {
+                        if v["role"] == "Leader" && best.is_none_or(|b| t > b.0) {
+                            best = Some((t, l));
                         }
                     }
                     s.rec
@@ -223,6 +226,9 @@ async fn observer(s: Arc<Shared>) {
                     Some(e),
                 ),
             }
+        }
+        if let Some((_, l)) = best {
+            s.leader.store(l, Relaxed);
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }

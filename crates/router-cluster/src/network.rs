@@ -22,6 +22,9 @@ use std::time::Duration;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Request, Response, Status};
 
+/// HTTP/2 ping interval and timeout on peer connections.
+const KEEPALIVE: Duration = Duration::from_secs(1);
+
 /// Builds clients to peers, caching one channel per peer address.
 #[derive(Clone)]
 pub struct Network {
@@ -55,6 +58,13 @@ impl Network {
         let ch = endpoint(addr, self.tls.as_ref())?
             .connect_timeout(self.connect_timeout)
             .tcp_nodelay(true)
+            // A connection that went silent (a partition, a paused or killed peer) is
+            // found dead within seconds and replaced by a new one: otherwise calls keep
+            // queueing on it behind TCP's retransmission backoff after the network heals,
+            // and a deposed leader went on believing it led for seconds.
+            .http2_keep_alive_interval(KEEPALIVE)
+            .keep_alive_timeout(KEEPALIVE)
+            .keep_alive_while_idle(true)
             // Lazy: connects on first use and reconnects (with backoff) after failures.
             .connect_lazy();
         map.insert(addr.to_owned(), ch.clone());

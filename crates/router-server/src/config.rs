@@ -703,6 +703,7 @@ mod tests {
         std::fs::write(&p, cfg("{ id = 1, addr = \"127.0.0.1:7001\" }")).unwrap();
         assert!(load(&[], Some(&p), Overrides::default()).is_ok());
         // The id from the environment, as a replacement peer gets it.
+        #[allow(clippy::result_large_err)] // figment's own test harness signature
         figment::Jail::expect_with(|j| {
             j.set_env("ROUTER_CLUSTER__NODE_ID", "12");
             let c = load(&[], Some(&p), Overrides::default()).unwrap();
