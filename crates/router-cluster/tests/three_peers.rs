@@ -371,7 +371,26 @@ async fn a_peer_that_lost_its_data_is_caught_before_it_votes() {
     c4.guard_lost_data = true;
     let fresh = ClusterNode::start(c4, None).await.unwrap();
     fresh.check_not_lost(&peers).await.unwrap();
+    // One peer takes the connection and never answers (as a paused container does): the
+    // others are asked at the same time and the check ends in about one ask's timeout
+    // (it waited on the silent peer before; a grpc-timeout header bounds nothing).
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut with_silent = peers.clone();
+    with_silent.insert(9, silent.local_addr().unwrap().to_string());
     fresh.shutdown().await;
+    drop(fresh);
+    let mut c4 = cfg(4, addrs[3], &dir);
+    std::fs::remove_dir_all(&c4.data_dir).unwrap();
+    c4.guard_lost_data = true;
+    let fresh = ClusterNode::start(c4, None).await.unwrap();
+    let t = Instant::now();
+    tokio::time::timeout(Duration::from_secs(5), fresh.check_not_lost(&with_silent))
+        .await
+        .expect("the check waited on a silent peer")
+        .unwrap();
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    fresh.shutdown().await;
+    drop(silent);
     for n in nodes {
         n.shutdown().await;
     }
