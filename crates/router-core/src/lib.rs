@@ -18,6 +18,8 @@ pub use fingerprint::{fingerprint_json, FingerprintConfig, Fingerprints, PromptP
 pub use health::{HealthMachine, HealthThresholds, HealthTransition, Outlier, OutlierConfig};
 pub use index::{CacheModel, IndexStats, IndexView, ModelSnapshot, RankId, Route};
 pub use machine::{Command, Machine, MachineSnapshot, Outcome, RankLoad, Rejection};
-pub use score::{select, Candidate, Decision, Policy, Reason, RouteInput, ScoreParams};
+pub use score::{
+    explain, select, Candidate, Decision, Policy, Reason, RouteInput, ScoreParams, Scored,
+};
 pub use secret::ct_eq;
 pub use upstream_url::{parse_upstream_url, UpstreamUrl, UrlError};

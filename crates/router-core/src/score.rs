@@ -258,13 +258,36 @@ fn finish(
     }
 }
 
-fn prefix(
+/// One candidate as the `prefix` policy weighs it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scored {
+    /// Index into the candidate slice.
+    pub index: usize,
+    /// Its rank.
+    pub rank: RankId,
+    /// Leading chunks of the prompt the model says this rank holds.
+    pub matched_chunks: u32,
+    /// Prompt tokens counted as cached here (the session hint credits the best match to
+    /// the hinted rank).
+    pub cached_tokens: u64,
+    /// Load cost (weighted queued prefill and decodes, per unit of speed).
+    pub load: f64,
+    /// Load above the least loaded candidate plus the slack, added to the cost.
+    pub excess_load: f64,
+    /// Uncached tokens per unit of speed plus `excess_load`: lowest wins.
+    pub cost: f64,
+    /// The session hint points here.
+    pub hinted: bool,
+}
+
+/// Per-candidate costs of the `prefix` policy, in candidate order, with the longest match
+/// any candidate has.
+fn prefix_costs(
     params: &ScoreParams,
     input: &RouteInput<'_>,
     view: &IndexView,
     candidates: &[Candidate],
-    rot: impl Fn(usize) -> usize,
-) -> Decision {
+) -> (SmallVec<[Scored; 8]>, u32) {
     let matches = view.matches(&input.fps.hashes);
     let matched_of = |rank: RankId| matches.iter().find(|(r, _)| *r == rank).map_or(0, |m| m.1);
     let best_matched = candidates
@@ -281,25 +304,63 @@ fn prefix(
         None
     };
     let total = input.fps.total_tokens;
-    let credited = |c: &Candidate| -> u32 {
-        let own = matched_of(c.rank);
-        if hinted == Some(c.rank) {
-            own.max(best_matched)
-        } else {
-            own
-        }
-    };
     let loads: SmallVec<[f64; 8]> = candidates.iter().map(|c| load_cost(params, c)).collect();
     let min_load = loads.iter().copied().fold(f64::INFINITY, f64::min);
-    let mut keyed: SmallVec<[(f64, f64, usize, usize); 8]> = candidates
+    let scored = candidates
         .iter()
         .enumerate()
         .map(|(i, c)| {
-            let cached = input.fps.tokens_of_prefix(credited(c) as usize).min(total);
+            let own = matched_of(c.rank);
+            let credited = if hinted == Some(c.rank) {
+                own.max(best_matched)
+            } else {
+                own
+            };
+            let cached = input.fps.tokens_of_prefix(credited as usize).min(total);
             let uncached = (total - cached) as f64 / c.weight.max(1e-9);
             let excess = (loads[i] - min_load - params.load_slack).max(0.0);
-            (uncached + excess, loads[i], rot(i), i)
+            Scored {
+                index: i,
+                rank: c.rank,
+                matched_chunks: own,
+                cached_tokens: cached,
+                load: loads[i],
+                excess_load: excess,
+                cost: uncached + excess,
+                hinted: hinted == Some(c.rank),
+            }
         })
+        .collect();
+    (scored, best_matched)
+}
+
+/// What the `prefix` policy sees for each candidate, best first (the order `select`
+/// returns for it), for `routerctl explain`. Not on the request path.
+pub fn explain(
+    params: &ScoreParams,
+    input: &RouteInput<'_>,
+    view: &IndexView,
+    candidates: &[Candidate],
+) -> Vec<Scored> {
+    let (scored, _) = prefix_costs(params, input, view, candidates);
+    let n = candidates.len().max(1);
+    let d = prefix(params, input, view, candidates, |i| {
+        (i + (input.tie % n as u64) as usize) % n
+    });
+    d.order.iter().map(|i| scored[*i]).collect()
+}
+
+fn prefix(
+    params: &ScoreParams,
+    input: &RouteInput<'_>,
+    view: &IndexView,
+    candidates: &[Candidate],
+    rot: impl Fn(usize) -> usize,
+) -> Decision {
+    let (scored, best_matched) = prefix_costs(params, input, view, candidates);
+    let mut keyed: SmallVec<[(f64, f64, usize, usize); 8]> = scored
+        .iter()
+        .map(|s| (s.cost, s.load, rot(s.index), s.index))
         .collect();
     keyed.sort_by(|a, b| {
         a.0.total_cmp(&b.0)
@@ -307,9 +368,9 @@ fn prefix(
             .then(a.2.cmp(&b.2))
     });
     let order: SmallVec<[usize; 8]> = keyed.into_iter().map(|k| k.3).collect();
-    let winner = &candidates[order[0]];
-    let own = matched_of(winner.rank);
-    let reason = if hinted == Some(winner.rank) && own < best_matched {
+    let win = &scored[order[0]];
+    let own = win.matched_chunks;
+    let reason = if win.hinted && own < best_matched {
         Reason::Session
     } else if best_matched == 0 {
         Reason::Cold
@@ -523,5 +584,33 @@ mod tests {
             .collect();
         assert_eq!(rr, vec![0, 1, 2]);
         assert!(pick(Policy::Prefix, &f, &m, &[], 0).order.is_empty());
+    }
+
+    #[test]
+    fn explain_lists_every_candidate_in_the_decisions_order_with_its_costs() {
+        let f = fp(20, 512);
+        let mut m = model(3);
+        m.record(2, &f.hashes[..15], &f.chunk_tokens[..15], None);
+        let mut c = cands(3);
+        c[1].queued_prefill = 5_000;
+        let input = RouteInput {
+            fps: &f,
+            session: None,
+            tie: 0,
+        };
+        let p = ScoreParams::default();
+        let e = explain(&p, &input, &m.view(), &c);
+        let d = select(Policy::Prefix, &p, &input, &m.view(), &c);
+        assert_eq!(
+            e.iter().map(|s| s.index).collect::<Vec<_>>(),
+            d.order.to_vec()
+        );
+        assert_eq!(e[0].rank, 2);
+        assert_eq!(e[0].cached_tokens, 15 * 512);
+        assert_eq!(e[0].cost, (5 * 512) as f64);
+        let busy = e.iter().find(|s| s.rank == 1).unwrap();
+        assert_eq!(busy.load, 5_000.0);
+        assert_eq!(busy.excess_load, 5_000.0 - 2048.0);
+        assert_eq!(busy.cost, (20 * 512) as f64 + 5_000.0 - 2048.0);
     }
 }

@@ -66,6 +66,7 @@ pub async fn run(cfg: Config, shutdown: watch::Receiver<bool>) -> anyhow::Result
             let cs = ClusterState::start(&cfg, c, metrics.clone()).await?;
             let admin = admin::AdminService::new(
                 cs.clone(),
+                cfg.clone(),
                 cfg.admin_token.clone(),
                 cfg.cache.default_capacity_tokens,
                 client.clone(),

@@ -7,8 +7,8 @@ mod probe;
 use clap::{Parser, Subcommand};
 use router_proto::v1::admin_client::AdminClient;
 use router_proto::v1::{
-    AddPeerRequest, AdminReply, DrainRequest, Empty, JoinRequest, PeerStatusRequest,
-    RemovePeerRequest, ServerInfo, ServerRequest, StatusReply,
+    AddPeerRequest, AdminReply, DrainRequest, Empty, ExplainRequest, JoinRequest,
+    PeerStatusRequest, RemovePeerRequest, ServerInfo, ServerRequest, StatusReply,
 };
 use serde_json::json;
 use std::path::PathBuf;
@@ -82,6 +82,20 @@ enum Cmd {
     Servers,
     /// Leader, term, indexes per peer, servers, map size.
     Status,
+    /// The decision this router would make for a request body now (not forwarded): the
+    /// prompt's fingerprint chain, each rank's predicted cached tokens, load and cost, the
+    /// winner and why.
+    Explain {
+        /// File with the request body (JSON); `-` or none: standard input.
+        #[arg(default_value = "-")]
+        body: String,
+        /// chat, completions, messages or responses.
+        #[arg(long, default_value = "chat")]
+        endpoint: String,
+        /// An x-session-id the request would carry.
+        #[arg(long)]
+        session: Option<String>,
+    },
     /// Router peers (Raft members).
     Peers {
         #[command(subcommand)]
@@ -299,6 +313,34 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let what = if undo { "resumed" } else { "draining" };
             reply(cli.json, &format!("{url} {what}"), &r);
         }
+        Cmd::Explain {
+            body,
+            endpoint,
+            session,
+        } => {
+            let bytes = if body == "-" {
+                let mut b = Vec::new();
+                std::io::Read::read_to_end(&mut std::io::stdin(), &mut b)?;
+                b
+            } else {
+                std::fs::read(&body).map_err(|e| anyhow::anyhow!("reading {body}: {e}"))?
+            };
+            let r = c
+                .explain(conn.req(ExplainRequest {
+                    body: bytes,
+                    endpoint,
+                    session_id: session.unwrap_or_default(),
+                })?)
+                .await
+                .map_err(|s| status_error(&cli.router, s))?
+                .into_inner();
+            let v: serde_json::Value = serde_json::from_str(&r.json)?;
+            if cli.json {
+                println!("{v}");
+            } else {
+                print!("{}", explain_text(&v));
+            }
+        }
         Cmd::Servers => {
             let r = c
                 .servers(conn.req(Empty {})?)
@@ -466,4 +508,75 @@ fn print_status(
     }
     println!();
     print_servers(&me.servers);
+}
+
+/// `routerctl explain` for a person: the prompt, the winner and why, each candidate.
+fn explain_text(v: &serde_json::Value) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "prompt: model {} via {}, {} canonical bytes, ~{} tokens, {} chunks{}",
+        v["model"],
+        v["endpoint"].as_str().unwrap_or("?"),
+        v["canonical_bytes"],
+        v["prompt_tokens"],
+        v["chunks"],
+        v["session"]
+            .as_str()
+            .map(|s| format!(", session {s}"))
+            .unwrap_or_default()
+    );
+    match v["winner"].as_object() {
+        Some(w) => {
+            let _ = writeln!(
+                o,
+                "winner: rank {} {} ({}, {} tokens predicted cached): {}",
+                w["rank"],
+                w["url"].as_str().unwrap_or("?"),
+                w["reason"].as_str().unwrap_or("?"),
+                w["predicted_cached_tokens"],
+                v["why"].as_str().unwrap_or("")
+            );
+        }
+        None => {
+            let _ = writeln!(o, "winner: none: {}", v["why"].as_str().unwrap_or(""));
+        }
+    }
+    let _ = writeln!(
+        o,
+        "{:<3} {:<5} {:<32} {:>8} {:>10} {:>10} {:>7} {:>10} {:>10}",
+        "#", "rank", "server", "matched", "cached", "prefill_q", "decodes", "load", "cost"
+    );
+    for c in v["candidates"].as_array().into_iter().flatten() {
+        let num = |k: &str| c[k].as_f64().map_or("-".into(), |x| format!("{x:.0}"));
+        let _ = writeln!(
+            o,
+            "{:<3} {:<5} {:<32} {:>8} {:>10} {:>10} {:>7} {:>10} {:>10}{}",
+            c["place"].to_string(),
+            c["rank"].to_string(),
+            c["url"].as_str().unwrap_or("?"),
+            num("matched_chunks"),
+            num("predicted_cached_tokens"),
+            num("queued_prefill"),
+            num("decodes"),
+            num("load"),
+            num("cost"),
+            if c["session_hint"] == true {
+                "  (session)"
+            } else {
+                ""
+            }
+        );
+    }
+    for x in v["ineligible"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            o,
+            "-   {:<5} {:<32} {}",
+            x["rank"].to_string(),
+            x["url"].as_str().unwrap_or("?"),
+            x["why"].as_str().unwrap_or("")
+        );
+    }
+    o
 }

@@ -438,3 +438,78 @@ async fn an_unreachable_peer_never_votes_and_one_failure_is_survived() {
     assert!(!ok);
     assert!(err.contains("this router"), "{err}");
 }
+
+/// `routerctl explain` and `POST /admin/explain` against a running cluster: the next turn
+/// of a conversation, explained on another peer, goes to the rank that served its first
+/// turn, by prefix hit with that prefix predicted cached; every rank is listed, best first,
+/// with its load and cost; nothing is sent to an engine; the text output says the same;
+/// the HTTP endpoint wants the admin token and refuses a body that is not JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_shows_the_decision_for_the_next_turn_without_sending_it() {
+    let engines = fleet(3).await;
+    let (http, raft) = Cluster::addresses(3);
+    let top: String = engines
+        .iter()
+        .map(|e| format!("[[upstreams]]\nurl = \"{}\"\n", e.url()))
+        .collect();
+    let c = Cluster::start(http, raft, &top, "").await;
+    c.wait_formed(3, 30).await;
+    let mut conv = Conversation::new(4242, 6000);
+    let served = engine_of(&engines, &turn(&c, 0, &conv, &[]).await);
+    conv.advance("done", 2000);
+    let body = serde_json::to_vec(&conv.body("m", false)).unwrap();
+    let dir = TempDir::new("explain");
+    let file = dir.path("turn.json");
+    std::fs::write(&file, &body).unwrap();
+    let file = file.to_str().unwrap();
+    let sent: usize = engines.iter().map(FakeEngine::count).sum();
+    let ctl = Ctl {
+        router: format!("http://{}/", c.raft[2]),
+        ca: None,
+    };
+    // Peer 3 learns the first turn through the log.
+    let mut v = serde_json::Value::Null;
+    wait_until("peer 3 routes by the first turn", 10, async || {
+        v = serde_json::from_str(&ctl.ok(&["explain", file, "--json"]).await).unwrap();
+        v["winner"]["url"] == engines[served].url().as_str()
+            && v["winner"]["reason"] == "prefix_hit"
+    })
+    .await;
+    assert_eq!(v["winner"]["reason"], "prefix_hit", "{v}");
+    assert!(
+        v["winner"]["predicted_cached_tokens"].as_u64().unwrap() >= 1500,
+        "{v}"
+    );
+    assert!(v["canonical_bytes"].as_u64().unwrap() > 8000, "{v}");
+    assert!(v["chunks"].as_u64().unwrap() >= 4, "{v}");
+    let cands = v["candidates"].as_array().unwrap();
+    assert_eq!(cands.len(), 3, "{v}");
+    let costs: Vec<f64> = cands.iter().map(|c| c["cost"].as_f64().unwrap()).collect();
+    assert!(costs.windows(2).all(|w| w[0] <= w[1]), "{costs:?}");
+    assert!(costs[0] < costs[2], "the cached rank costs less: {costs:?}");
+    assert_eq!(engines.iter().map(FakeEngine::count).sum::<usize>(), sent);
+    let text = ctl.ok(&["explain", file]).await;
+    eprintln!("{text}");
+    assert!(text.contains("winner: rank"), "{text}");
+    assert!(text.contains("prefix_hit"), "{text}");
+    assert!(text.contains(&engines[served].url()), "{text}");
+    let (ok, _, err) = ctl.run(None, &["explain", file]).await;
+    assert!(!ok && err.contains("token"), "{err}");
+
+    let url = format!("http://{}/admin/explain?endpoint=chat", c.http[2]);
+    let auth = format!("Bearer {TOKEN}");
+    let r = send("POST", &url, body.clone(), &[("authorization", &auth)]).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["winner"], v["winner"]);
+    let r = send("POST", &url, body.clone(), &[]).await;
+    assert_eq!(r.status, 401, "{}", String::from_utf8_lossy(&r.body));
+    let r = send(
+        "POST",
+        &url,
+        b"{not json".to_vec(),
+        &[("authorization", &auth)],
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(engines.iter().map(FakeEngine::count).sum::<usize>(), sent);
+}

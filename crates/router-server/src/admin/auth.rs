@@ -30,14 +30,19 @@ pub fn bearer(v: Option<&str>) -> Option<&str> {
     })
 }
 
-/// Whether `headers` carry the configured admin token.
-pub fn is_admin(configured: Option<&str>, headers: &http::HeaderMap) -> bool {
+/// The admin token check on an HTTP request's headers.
+pub fn admin_headers(configured: Option<&str>, headers: &http::HeaderMap) -> Result<(), Denied> {
     let presented = bearer(
         headers
             .get(http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok()),
     );
-    check_token(configured, presented).is_ok()
+    check_token(configured, presented)
+}
+
+/// Whether `headers` carry the configured admin token.
+pub fn is_admin(configured: Option<&str>, headers: &http::HeaderMap) -> bool {
+    admin_headers(configured, headers).is_ok()
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ use super::error::AdminError;
 use super::self_check::not_this_router;
 use super::servers::server_infos;
 use crate::client::UpstreamClient;
+use crate::config::Config;
 use crate::identity::RouterId;
 use crate::state::{Changed, ClusterState, RoutingState};
 use router_cluster::node::CATCH_UP_TIMEOUT;
@@ -15,8 +16,8 @@ use router_core::{parse_upstream_url, Command, Outcome, UpstreamUrl};
 use router_proto::v1::admin_client::AdminClient;
 use router_proto::v1::admin_server::Admin;
 use router_proto::v1::{
-    AddPeerRequest, AdminReply, DrainRequest, Empty, JoinRequest, PeerInfo, PeerStatusRequest,
-    RemovePeerRequest, ServerRequest, ServersReply, StatusReply,
+    AddPeerRequest, AdminReply, DrainRequest, Empty, ExplainReply, ExplainRequest, JoinRequest,
+    PeerInfo, PeerStatusRequest, RemovePeerRequest, ServerRequest, ServersReply, StatusReply,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,6 +34,7 @@ const PEER_STATUS_TIMEOUT: Duration = Duration::from_secs(3);
 /// The admin gRPC service.
 pub struct AdminService {
     state: Arc<ClusterState>,
+    cfg: Arc<Config>,
     token: Option<String>,
     default_capacity: u64,
     client: UpstreamClient,
@@ -62,6 +64,7 @@ impl AdminService {
     /// refuse a URL that is this router.
     pub fn new(
         state: Arc<ClusterState>,
+        cfg: Arc<Config>,
         token: Option<String>,
         default_capacity: u64,
         client: UpstreamClient,
@@ -69,6 +72,7 @@ impl AdminService {
     ) -> Self {
         AdminService {
             state,
+            cfg,
             token,
             default_capacity,
             client,
@@ -328,6 +332,20 @@ impl Admin for AdminService {
                 "node {id} at {addr} did not answer within {PEER_STATUS_TIMEOUT:?}"
             ))),
         }
+    }
+
+    async fn explain(
+        &self,
+        req: Request<ExplainRequest>,
+    ) -> Result<Response<ExplainReply>, Status> {
+        self.auth(&req)?;
+        let r = req.into_inner();
+        let ep = super::explain::endpoint_named(&r.endpoint)?;
+        let sid = (!r.session_id.is_empty()).then_some(r.session_id.as_str());
+        let v = super::explain::decision(&*self.state, &self.cfg, ep, &r.body, sid)?;
+        Ok(Response::new(ExplainReply {
+            json: v.to_string(),
+        }))
     }
 
     async fn status(&self, req: Request<Empty>) -> Result<Response<StatusReply>, Status> {

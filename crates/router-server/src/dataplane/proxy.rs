@@ -115,7 +115,7 @@ impl BodyBuf {
 
 /// Reads the whole body into one buffer: sized by `content-length` when the client gives
 /// it (one allocation, no copy of copies), and never past `limits.max_body_bytes`.
-async fn read_body(
+pub(crate) async fn read_body(
     ctx: &Ctx,
     req: Request<Incoming>,
 ) -> Result<(http::request::Parts, Bytes), ApiError> {

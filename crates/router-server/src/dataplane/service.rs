@@ -4,7 +4,7 @@
 
 use super::ctx::Ctx;
 use super::{endpoints, proxy};
-use crate::admin::{handle_http, is_admin, AdminHttp};
+use crate::admin::{self, handle_http, is_admin, AdminError, AdminHttp};
 use crate::identity::{self, Loop};
 use crate::metrics::Route;
 use crate::response::{ApiError, ErrorShape, RespBody};
@@ -28,7 +28,7 @@ pub async fn handle(
         "/v1/models" => Route::Models,
         "/health" => Route::Health,
         "/metrics" => Route::Metrics,
-        "/add_worker" | "/remove_worker" | "/list_workers" => Route::Admin,
+        "/add_worker" | "/remove_worker" | "/list_workers" | "/admin/explain" => Route::Admin,
         p if p.starts_with("/v1/") => Route::Passthrough,
         _ => Route::Other,
     };
@@ -67,6 +67,7 @@ async fn dispatch(
         }
         Route::Metrics => return Ok(endpoints::metrics(ctx)),
         _ if metrics_only => return Err(ApiError::not_found(path)),
+        Route::Admin if path == "/admin/explain" => return explain(ctx, req).await,
         Route::Admin => {
             let admin = AdminHttp {
                 state: &*ctx.state,
@@ -104,6 +105,33 @@ async fn dispatch(
         Route::Passthrough => proxy::passthrough(ctx, req).await,
         _ => Err(ApiError::not_found(path)),
     }
+}
+
+/// `POST /admin/explain?endpoint=chat` with a request body: the decision, not forwarded.
+async fn explain(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Result<Response<RespBody>, ApiError> {
+    admin::admin_headers(ctx.cfg.admin_token.as_deref(), req.headers())
+        .map_err(|d| ApiError::from(AdminError::from(d)))?;
+    if req.method() != Method::POST {
+        return Err(ApiError::method_not_allowed(
+            req.method(),
+            "/admin/explain",
+            "POST",
+        ));
+    }
+    let name = req
+        .uri()
+        .query()
+        .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("endpoint=")))
+        .unwrap_or("chat")
+        .to_owned();
+    let ep = admin::endpoint_named(&name).map_err(ApiError::from)?;
+    let (parts, body) = proxy::read_body(ctx, req).await?;
+    let session = parts
+        .headers
+        .get("x-session-id")
+        .and_then(|v| v.to_str().ok());
+    let v = admin::explain(&*ctx.state, &ctx.cfg, ep, &body, session).map_err(ApiError::from)?;
+    Ok(crate::response::json_response(http::StatusCode::OK, &v))
 }
 
 fn check_header_size(h: &HeaderMap, uri: &http::Uri, limit: u64) -> Result<(), ApiError> {
