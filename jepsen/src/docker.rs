@@ -34,18 +34,7 @@ pub fn compose(ids: &[(&str, u64)], args: &[&str]) -> anyhow::Result<String> {
         let n = name.trim_start_matches("router-");
         c.env(format!("ROUTER_{n}_ID"), id.to_string());
     }
-    let o = c.output()?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    anyhow::ensure!(
-        o.status.success(),
-        "docker-compose {} failed: {text}",
-        args.join(" ")
-    );
-    Ok(text)
+    checked(c.output()?, "docker-compose", args)
 }
 
 /// Removes a router container and its data volume: the disk is gone.
@@ -61,13 +50,7 @@ pub fn wipe(router: &str) -> anyhow::Result<()> {
 /// A container's log (stdout and stderr).
 pub fn logs(name: &str) -> String {
     sh("docker", &["logs", name])
-        .map(|o| {
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            )
-        })
+        .map(|o| text(&o))
         .unwrap_or_default()
 }
 /// Engines the admin clients join, drain and remove (1 and 2 always stay).
@@ -94,18 +77,31 @@ pub fn sh(program: &str, args: &[&str]) -> Result<Output, String> {
 
 /// Runs a command that must succeed.
 pub fn must(program: &str, args: &[&str]) -> anyhow::Result<String> {
-    let o = sh(program, args).map_err(anyhow::Error::msg)?;
-    let text = format!(
+    checked(
+        sh(program, args).map_err(anyhow::Error::msg)?,
+        program,
+        args,
+    )
+}
+
+/// Stdout and stderr of a finished command.
+fn text(o: &Output) -> String {
+    format!(
         "{}{}",
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
-    );
+    )
+}
+
+/// The output of a command that had to succeed, or what it said.
+fn checked(o: Output, program: &str, args: &[&str]) -> anyhow::Result<String> {
+    let t = text(&o);
     anyhow::ensure!(
         o.status.success(),
-        "{program} {} failed: {text}",
+        "{program} {} failed: {t}",
         args.join(" ")
     );
-    Ok(text)
+    Ok(t)
 }
 
 /// A router's address by name.
@@ -178,14 +174,7 @@ pub async fn routerctl(router: &str, args: &[&str], timeout: Duration) -> (bool,
         .args(args)
         .kill_on_drop(true);
     match tokio::time::timeout(timeout + Duration::from_secs(2), cmd.output()).await {
-        Ok(Ok(o)) => (
-            o.status.success(),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            ),
-        ),
+        Ok(Ok(o)) => (o.status.success(), text(&o)),
         Ok(Err(e)) => (false, format!("cannot run routerctl: {e}")),
         Err(_) => (false, "routerctl timed out".into()),
     }

@@ -584,6 +584,26 @@ fn start_empty(s: &Shared, router: &'static str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Starts `router` empty under a fresh id and adds it through `through`; a member once ok.
+async fn add_fresh(s: &Shared, through: &str, router: &'static str) -> anyhow::Result<Type> {
+    let id = s.new_id(router);
+    start_empty(s, router)?;
+    let (idt, addr) = (id.to_string(), format!("{router}:7081"));
+    let k = peers_op(
+        s,
+        through,
+        "peers-add",
+        json!({"id": id, "peer": router, "addr": addr, "reachable": true}),
+        &["peers", "add", &idt, &addr],
+        Duration::from_secs(25),
+    )
+    .await;
+    if k == Type::Ok {
+        s.set_member(router, true);
+    }
+    Ok(k)
+}
+
 /// Saves a router's log before its container goes, and checks it for panics.
 fn save_log(s: &Shared, out: &std::path::Path, router: &str, tag: &str) {
     let text = docker::logs(router);
@@ -686,24 +706,7 @@ async fn membership_fault(
     let through = via(s, rng, &[victim, SPARE]).unwrap_or(victim);
     let addr = format!("{SPARE}:7081");
     let kind = match change {
-        "add" => {
-            let id = s.new_id(SPARE);
-            start_empty(s, SPARE)?;
-            let idt = id.to_string();
-            let k = peers_op(
-                s,
-                through,
-                "peers-add",
-                json!({"id": id, "peer": SPARE, "addr": addr, "reachable": true}),
-                &["peers", "add", &idt, &addr],
-                Duration::from_secs(25),
-            )
-            .await;
-            if k == Type::Ok {
-                s.set_member(SPARE, true);
-            }
-            k
-        }
+        "add" => add_fresh(s, through, SPARE).await?,
         "add-unreachable" => {
             let id = s.new_id(SPARE);
             let _ = docker::sh("docker", &["rm", "-f", SPARE]);
@@ -822,22 +825,7 @@ async fn disk_fault(
         Duration::from_secs(15),
     )
     .await;
-    let id = s.new_id(victim);
-    start_empty(s, victim)?;
-    let idt = id.to_string();
-    let addr = format!("{victim}:7081");
-    let k = peers_op(
-        s,
-        through,
-        "peers-add",
-        json!({"id": id, "peer": victim, "addr": addr, "reachable": true}),
-        &["peers", "add", &idt, &addr],
-        Duration::from_secs(25),
-    )
-    .await;
-    if k == Type::Ok {
-        s.set_member(victim, true);
-    }
+    let k = add_fresh(s, through, victim).await?;
     docker::heal_all()?;
     s.rec.log("nemesis", Type::Ok, "disk", value, None, None);
     if k != Type::Ok {

@@ -342,9 +342,9 @@ pub fn explain(
     view: &IndexView,
     candidates: &[Candidate],
 ) -> Vec<Scored> {
-    let (scored, _) = prefix_costs(params, input, view, candidates);
+    let (scored, best) = prefix_costs(params, input, view, candidates);
     let n = candidates.len().max(1);
-    let d = prefix(params, input, view, candidates, |i| {
+    let d = prefix_order(input, &scored, best, |i| {
         (i + (input.tie % n as u64) as usize) % n
     });
     d.order.iter().map(|i| scored[*i]).collect()
@@ -358,6 +358,17 @@ fn prefix(
     rot: impl Fn(usize) -> usize,
 ) -> Decision {
     let (scored, best_matched) = prefix_costs(params, input, view, candidates);
+    prefix_order(input, &scored, best_matched, rot)
+}
+
+/// The `prefix` decision from its per-candidate costs: lowest cost, then load, then the
+/// rotation.
+fn prefix_order(
+    input: &RouteInput<'_>,
+    scored: &[Scored],
+    best_matched: u32,
+    rot: impl Fn(usize) -> usize,
+) -> Decision {
     let mut keyed: SmallVec<[(f64, f64, usize, usize); 8]> = scored
         .iter()
         .map(|s| (s.cost, s.load, rot(s.index), s.index))

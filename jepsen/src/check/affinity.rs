@@ -146,27 +146,29 @@ mod tests {
     use crate::history::build::H;
     use crate::history::Type::*;
 
+    /// Ten turns of one main conversation, one a second, on `rank(turn)`.
+    fn turns(rank: impl Fn(u32) -> &'static str) -> H {
+        (0..10u32).fold(H::default(), |h, t| {
+            h.at(
+                f64::from(t),
+                "client-1",
+                Invoke,
+                "turn",
+                json!({"conv": 7, "main": true}),
+            )
+            .at(
+                f64::from(t) + 0.5,
+                "client-1",
+                Ok,
+                "turn",
+                json!({"rank": rank(t), "reason": "prefix_hit"}),
+            )
+        })
+    }
+
     #[test]
     fn conversations_that_lose_their_rank_are_invalid() {
-        let mut h = H::default();
-        for t in 0..10u32 {
-            let rank = if t % 2 == 0 { "e1" } else { "e2" };
-            h = h
-                .at(
-                    f64::from(t),
-                    "client-1",
-                    Invoke,
-                    "turn",
-                    json!({"conv": 7, "main": true}),
-                )
-                .at(
-                    f64::from(t) + 0.5,
-                    "client-1",
-                    Ok,
-                    "turn",
-                    json!({"rank": rank, "reason": "prefix_hit"}),
-                );
-        }
+        let h = turns(|t| if t % 2 == 0 { "e1" } else { "e2" });
         let v = check(&h.0, 0.95);
         assert_eq!(v.valid, Some(false), "{v:?}");
         assert_eq!(v.figures["moves"]["prefix_hit"], 9);
@@ -174,25 +176,7 @@ mod tests {
 
     #[test]
     fn a_move_off_a_drained_engine_is_excused() {
-        let mut h = H::default();
-        for t in 0..10u32 {
-            let rank = if t < 5 { "engine-3" } else { "engine-1" };
-            h = h
-                .at(
-                    f64::from(t),
-                    "client-1",
-                    Invoke,
-                    "turn",
-                    json!({"conv": 7, "main": true}),
-                )
-                .at(
-                    f64::from(t) + 0.5,
-                    "client-1",
-                    Ok,
-                    "turn",
-                    json!({"rank": rank, "reason": "prefix_hit"}),
-                );
-        }
+        let h = turns(|t| if t < 5 { "engine-3" } else { "engine-1" });
         let drained = h
             .at(
                 4.6,

@@ -6,9 +6,7 @@
 use super::error::AdminError;
 use crate::config::Config;
 use crate::state::RoutingState;
-use router_core::{
-    canonicalize_json, explain, fingerprint_json, select, Candidate, Endpoint, Policy, RouteInput,
-};
+use router_core::{canonicalize_json, explain, select, Candidate, Endpoint, Policy, RouteInput};
 use serde_json::{json, Value};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -34,12 +32,15 @@ pub fn decision(
     session: Option<&str>,
 ) -> Result<Value, AdminError> {
     let bad = |e: router_core::CanonError| AdminError::InvalidRequest(e.to_string());
-    let print = fingerprint_json(endpoint, body, &cfg.fingerprint).map_err(bad)?;
+    // One pass for both the canonical length and the fingerprints (what the data plane's
+    // fingerprint_json computes without keeping the bytes).
     let canonical = canonicalize_json(endpoint, body).map_err(bad)?;
-    let fps = print.fingerprints;
+    let fps = cfg
+        .fingerprint
+        .fingerprint(&canonical.model, &canonical.bytes);
     let sid = session
         .filter(|s| !s.is_empty())
-        .or(print.session_id.as_deref());
+        .or(canonical.session_id.as_deref());
     let input = RouteInput {
         fps: &fps,
         session: sid.map(|s| xxh3_64(s.as_bytes())),
@@ -63,7 +64,7 @@ pub fn decision(
         })
         .collect();
     let head = json!({
-        "model": print.model,
+        "model": canonical.model,
         "endpoint": format!("{endpoint:?}").to_ascii_lowercase(),
         "policy": format!("{:?}", cfg.policy).to_ascii_lowercase(),
         "canonical_bytes": canonical.bytes.len(),

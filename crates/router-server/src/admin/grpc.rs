@@ -173,6 +173,24 @@ fn never_sent(s: &Status) -> bool {
     .any(|k| text.contains(k))
 }
 
+/// Runs a membership change (here when this peer leads, else forwarded) again while the
+/// forward certainly never left, for up to [`LEADER_WAIT`].
+async fn until_sent<F, Fut>(mut attempt: F) -> Result<Response<AdminReply>, Status>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Response<AdminReply>, Status>>,
+{
+    let deadline = tokio::time::Instant::now() + LEADER_WAIT;
+    loop {
+        match attempt().await {
+            Err(s) if never_sent(&s) && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            r => return r,
+        }
+    }
+}
+
 /// `msg` with the caller's token, to send on to another peer.
 fn forwarded<T, U>(req: &Request<T>, msg: U) -> Request<U> {
     let mut fwd = Request::new(msg);
@@ -238,34 +256,27 @@ impl Admin for AdminService {
             0 => CATCH_UP_TIMEOUT,
             ms => Duration::from_millis(ms).min(MAX_CATCH_UP),
         };
-        let deadline = tokio::time::Instant::now() + LEADER_WAIT;
-        loop {
-            let r = match self
+        let (req, p) = (&req, &p);
+        until_sent(|| async move {
+            match self
                 .state
                 .node()
                 .add_peer_within(p.node_id, &p.addr, wait)
                 .await
             {
-                Ok(()) => {
-                    return Ok(reply(
-                        format!("node {} at {} caught up and is a voter", p.node_id, p.addr),
-                        Vec::new(),
-                    ))
-                }
+                Ok(()) => Ok(reply(
+                    format!("node {} at {} caught up and is a voter", p.node_id, p.addr),
+                    Vec::new(),
+                )),
                 Err(MembershipError::NotLeader(addr)) => {
                     let p = p.clone();
-                    self.on_leader(&req, addr, p, |mut c, r| async move { c.add_peer(r).await })
+                    self.on_leader(req, addr, p, |mut c, r| async move { c.add_peer(r).await })
                         .await
                 }
-                Err(e) => return Err(AdminError::Membership(e).into()),
-            };
-            match r {
-                Err(s) if never_sent(&s) && tokio::time::Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-                r => return r,
+                Err(e) => Err(AdminError::Membership(e).into()),
             }
-        }
+        })
+        .await
     }
 
     async fn remove_peer(
@@ -274,33 +285,26 @@ impl Admin for AdminService {
     ) -> Result<Response<AdminReply>, Status> {
         self.auth(&req)?;
         let p = *req.get_ref();
-        let deadline = tokio::time::Instant::now() + LEADER_WAIT;
-        loop {
-            let r = match self.state.node().remove_peer(p.node_id).await {
-                Ok(()) => {
-                    return Ok(reply(
-                        format!("node {} removed; its id is retired", p.node_id),
-                        Vec::new(),
-                    ))
-                }
+        let req = &req;
+        until_sent(|| async move {
+            match self.state.node().remove_peer(p.node_id).await {
+                Ok(()) => Ok(reply(
+                    format!("node {} removed; its id is retired", p.node_id),
+                    Vec::new(),
+                )),
                 Err(MembershipError::NotLeader(addr)) => {
                     self.on_leader(
-                        &req,
+                        req,
                         addr,
                         p,
                         |mut c, r| async move { c.remove_peer(r).await },
                     )
                     .await
                 }
-                Err(e) => return Err(AdminError::Membership(e).into()),
-            };
-            match r {
-                Err(s) if never_sent(&s) && tokio::time::Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-                r => return r,
+                Err(e) => Err(AdminError::Membership(e).into()),
             }
-        }
+        })
+        .await
     }
 
     async fn peer_status(
