@@ -24,7 +24,8 @@ struct Cli {
     name: Option<String>,
     /// Append one JSON line per completion request received (wall time, engine name, the
     /// router peer that sent it and when that peer routed it, from `x-router-peer` and
-    /// `x-router-routed-at`): the Jepsen suite checks leave safety with it.
+    /// `x-router-routed-at`, and the `traceparent` it carried): the Jepsen suite checks
+    /// leave safety with it; the tracing test reads the trace context.
     #[arg(long, env = "ENGINESIM_REQUEST_LOG")]
     request_log: Option<std::path::PathBuf>,
     /// Data-parallel ranks behind each port, chosen by `routed_dp_rank` (SGLang style).
@@ -87,6 +88,9 @@ fn log_request<B>(
         "engine": name,
         "peer": h("x-router-peer").and_then(|p| p.parse::<u64>().ok()),
         "routed_at": h("x-router-routed-at").and_then(|t| t.parse::<f64>().ok()).map(|ms| ms / 1e3),
+        // W3C trace context as received (vLLM and SGLang continue the router's trace).
+        "traceparent": h("traceparent"),
+        "tracestate": h("tracestate"),
     });
     if let Ok(mut w) = log.lock() {
         let _ = writeln!(w, "{line}");

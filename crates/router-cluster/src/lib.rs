@@ -11,10 +11,12 @@ pub mod codec;
 pub mod config;
 pub mod network;
 pub mod node;
+pub mod span;
 pub mod status;
 pub mod store;
 pub mod tls;
 
 pub use config::RaftTunables;
 pub use node::{ClusterNode, MembershipError, NodeConfig};
+pub use span::SPAN_TARGET;
 pub use status::{Member, NodeStatus, Role, SnapshotStats};

@@ -369,14 +369,26 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I::IntoIter: OptionalSend,
     {
         let mut st = self.state.write().await;
+        // No await below: the span is entered for the synchronous apply and publish only.
+        let span = tracing::info_span!(target: crate::span::SPAN_TARGET, "apply",
+            entries = tracing::field::Empty, routes = tracing::field::Empty,
+            index = tracing::field::Empty);
+        let _in = span.enter();
         let mut out = Vec::new();
+        let mut routes = 0u64;
         for e in entries {
             st.last_applied = Some(e.log_id);
             match e.payload {
                 EntryPayload::Blank => out.push(Outcome::Ok),
                 EntryPayload::Normal(cmd) => {
-                    if let Command::RecordRoutes { peer, at_ms, .. } = &cmd {
+                    if let Command::RecordRoutes {
+                        peer,
+                        at_ms,
+                        routes: r,
+                    } = &cmd
+                    {
                         st.last_routes = Some((*peer, *at_ms));
+                        routes += r.len() as u64;
                     }
                     out.push(st.machine.apply(&cmd));
                 }
@@ -385,6 +397,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     out.push(Outcome::Ok);
                 }
             }
+        }
+        if !span.is_disabled() {
+            span.record("entries", out.len() as i64);
+            span.record("routes", routes as i64);
+            span.record("index", st.last_applied.map_or(0, |l| l.index) as i64);
         }
         if let Some(f) = &self.on_apply {
             f(&st);

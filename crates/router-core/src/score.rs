@@ -171,6 +171,8 @@ pub struct Decision {
     pub predicted_cached_tokens: u64,
     /// Matched fingerprints on the first candidate (to know what to record).
     pub matched_chunks: u32,
+    /// Under the `prefix` policy: the winner's cost and the runner-up's (for traces).
+    pub costs: Option<(f64, Option<f64>)>,
 }
 
 /// Orders `candidates` for one request. Pure: same inputs, same output.
@@ -188,6 +190,7 @@ pub fn select(
             reason: Reason::Fallback,
             predicted_cached_tokens: 0,
             matched_chunks: 0,
+            costs: None,
         };
     }
     let rot = |i: usize| (i + (input.tie % n as u64) as usize) % n;
@@ -255,6 +258,7 @@ fn finish(
         reason,
         predicted_cached_tokens: input.fps.tokens_of_prefix(matched as usize),
         matched_chunks: matched,
+        costs: None,
     }
 }
 
@@ -378,6 +382,7 @@ fn prefix_order(
             .then(a.1.total_cmp(&b.1))
             .then(a.2.cmp(&b.2))
     });
+    let costs = Some((keyed[0].0, keyed.get(1).map(|k| k.0)));
     let order: SmallVec<[usize; 8]> = keyed.into_iter().map(|k| k.3).collect();
     let win = &scored[order[0]];
     let own = win.matched_chunks;
@@ -395,6 +400,7 @@ fn prefix_order(
         reason,
         predicted_cached_tokens: input.fps.tokens_of_prefix(own as usize),
         matched_chunks: own,
+        costs,
     }
 }
 

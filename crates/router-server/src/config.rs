@@ -8,6 +8,7 @@ use router_core::{
     parse_upstream_url, FingerprintConfig, HealthThresholds, OutlierConfig, Policy, ScoreParams,
 };
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -54,6 +55,8 @@ pub struct Config {
     pub tls: Option<TlsConfig>,
     /// Logging.
     pub log: LogConfig,
+    /// OpenTelemetry traces over OTLP/gRPC (off unless an endpoint is set).
+    pub tracing: TracingConfig,
     /// Raft cluster of router peers; absent = a single router with its own map.
     pub cluster: Option<ClusterConfig>,
 }
@@ -310,6 +313,39 @@ impl Default for LogConfig {
     }
 }
 
+/// OpenTelemetry traces. Also set by the standard variables `OTEL_EXPORTER_OTLP_ENDPOINT`
+/// (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`), `OTEL_SERVICE_NAME`,
+/// `OTEL_TRACES_SAMPLER_ARG`, `OTEL_EXPORTER_OTLP_HEADERS` and `OTEL_SDK_DISABLED`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TracingConfig {
+    /// OTLP/gRPC collector, e.g. `http://otel-collector:4317`. Unset = no traces.
+    pub otlp_endpoint: Option<String>,
+    /// `service.name` of the router's spans.
+    pub service_name: String,
+    /// Share of new traces recorded (0.0-1.0); a client's sampled `traceparent` is followed.
+    pub sampling_ratio: f64,
+    /// gRPC metadata sent with every export (e.g. an API key of the collector).
+    pub headers: BTreeMap<String, String>,
+    /// Finished spans held for export; when full, new spans are dropped and counted.
+    pub queue_spans: usize,
+    /// Longest wait for one export call.
+    pub export_timeout_ms: u64,
+}
+
+impl Default for TracingConfig {
+    fn default() -> Self {
+        TracingConfig {
+            otlp_endpoint: None,
+            service_name: "router".into(),
+            sampling_ratio: 1.0,
+            headers: BTreeMap::new(),
+            queue_spans: 8192,
+            export_timeout_ms: 5000,
+        }
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -331,6 +367,7 @@ impl Default for Config {
             health: HealthConfig::default(),
             tls: None,
             log: LogConfig::default(),
+            tracing: TracingConfig::default(),
             cluster: None,
         }
     }
@@ -405,6 +442,42 @@ fn ramjet_layer(env: &dyn Fn(&str) -> Option<String>) -> Result<Figment, ConfigE
     Ok(f)
 }
 
+/// Reads the standard `OTEL_*` variables into the `[tracing]` section.
+fn otel_layer(env: &dyn Fn(&str) -> Option<String>) -> Result<Figment, ConfigError> {
+    let mut f = Figment::new();
+    let set = |k: &str| env(k).filter(|v| !v.trim().is_empty());
+    if let Some(e) =
+        set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").or_else(|| set("OTEL_EXPORTER_OTLP_ENDPOINT"))
+    {
+        f = f.merge(Serialized::default("tracing.otlp_endpoint", e.trim()));
+    }
+    if let Some(n) = set("OTEL_SERVICE_NAME") {
+        f = f.merge(Serialized::default("tracing.service_name", n.trim()));
+    }
+    if let Some(r) = set("OTEL_TRACES_SAMPLER_ARG") {
+        let r: f64 = r.trim().parse().map_err(|_| {
+            ConfigError::Invalid(format!("OTEL_TRACES_SAMPLER_ARG: '{r}' is not a number"))
+        })?;
+        f = f.merge(Serialized::default("tracing.sampling_ratio", r));
+    }
+    if let Some(h) = set("OTEL_EXPORTER_OTLP_HEADERS") {
+        let mut headers = BTreeMap::new();
+        for kv in split_list(&h) {
+            let Some((k, v)) = kv.split_once('=') else {
+                return Err(ConfigError::Invalid(
+                    "OTEL_EXPORTER_OTLP_HEADERS: expected key=value,key=value".into(),
+                ));
+            };
+            headers.insert(k.trim().to_owned(), v.trim().to_owned());
+        }
+        f = f.merge(Serialized::default("tracing.headers", headers));
+    }
+    if set("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
+        f = f.merge(Serialized::default("tracing.otlp_endpoint", None::<String>));
+    }
+    Ok(f)
+}
+
 fn split_list(s: &str) -> impl Iterator<Item = &str> {
     s.split(',').map(str::trim).filter(|x| !x.is_empty())
 }
@@ -439,6 +512,7 @@ impl Config {
             f = f.merge(Toml::file_exact(path));
         }
         f = f.merge(ramjet_layer(env)?);
+        f = f.merge(otel_layer(env)?);
         // ROUTER_UPSTREAM=url,url is the short form of the upstream list.
         if let Some(list) = env("ROUTER_UPSTREAM") {
             let ups: Vec<UpstreamConfig> =
@@ -469,6 +543,15 @@ impl Config {
             api_key: hide(&self.api_key),
             admin_token: hide(&self.admin_token),
             upstream_token: hide(&self.upstream_token),
+            tracing: TracingConfig {
+                headers: self
+                    .tracing
+                    .headers
+                    .keys()
+                    .map(|k| (k.clone(), "<redacted>".to_owned()))
+                    .collect(),
+                ..self.tracing.clone()
+            },
             ..self.clone()
         }
     }
@@ -551,6 +634,29 @@ impl Config {
         if self.log.format != "text" && self.log.format != "json" {
             return bad("log.format must be 'text' or 'json'".into());
         }
+        let tr = &self.tracing;
+        if !(0.0..=1.0).contains(&tr.sampling_ratio) {
+            return bad("tracing.sampling_ratio must be between 0.0 and 1.0".into());
+        }
+        if tr.queue_spans == 0 || tr.export_timeout_ms == 0 {
+            return bad(
+                "tracing.queue_spans and tracing.export_timeout_ms must be positive".into(),
+            );
+        }
+        if let Some(e) = &tr.otlp_endpoint {
+            if !(e.starts_with("http://") || e.starts_with("https://")) {
+                return bad(format!(
+                    "tracing.otlp_endpoint '{e}' must be an http:// or https:// URL (OTLP over gRPC, e.g. http://collector:4317)"
+                ));
+            }
+        }
+        for (k, v) in &tr.headers {
+            if http::HeaderName::from_bytes(k.as_bytes()).is_err()
+                || http::HeaderValue::from_str(v).is_err()
+            {
+                return bad(format!("tracing.headers: '{k}' is not a valid header"));
+            }
+        }
         if let Some(c) = &self.cluster {
             // A node not among the initial voters is a new peer: it waits until a member
             // adds it (`routerctl peers add`); it still needs them to ask.
@@ -614,6 +720,60 @@ mod tests {
     #[test]
     fn defaults_validate() {
         assert!(Config::default().validate().is_ok());
+    }
+
+    #[test]
+    fn tracing_from_otel_env_and_redacted_headers() {
+        let c = load(
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317"),
+                ("OTEL_SERVICE_NAME", "router-eu-1"),
+                ("OTEL_TRACES_SAMPLER_ARG", "0.25"),
+                ("OTEL_EXPORTER_OTLP_HEADERS", "x-api-key=s3cret, tenant=a"),
+            ],
+            None,
+            Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            c.tracing.otlp_endpoint.as_deref(),
+            Some("http://collector:4317")
+        );
+        assert_eq!(c.tracing.service_name, "router-eu-1");
+        assert_eq!(c.tracing.sampling_ratio, 0.25);
+        assert_eq!(c.tracing.headers["tenant"], "a");
+        let printed = toml::to_string(&c.redacted()).unwrap();
+        assert!(!printed.contains("s3cret"), "{printed}");
+        // The traces endpoint wins over the general one; OTEL_SDK_DISABLED turns it off.
+        let c = load(
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://a:4317"),
+                ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://b:4317"),
+            ],
+            None,
+            Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(c.tracing.otlp_endpoint.as_deref(), Some("http://b:4317"));
+        let c = load(
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://a:4317"),
+                ("OTEL_SDK_DISABLED", "true"),
+            ],
+            None,
+            Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(c.tracing.otlp_endpoint, None);
+        for bad in [
+            ("OTEL_TRACES_SAMPLER_ARG", "2"),
+            ("OTEL_TRACES_SAMPLER_ARG", "half"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4317"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "novalue"),
+        ] {
+            assert!(load(&[bad], None, Overrides::default()).is_err(), "{bad:?}");
+        }
+        assert!(Config::default().tracing.otlp_endpoint.is_none());
     }
 
     #[test]

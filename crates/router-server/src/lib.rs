@@ -20,6 +20,7 @@ pub mod identity;
 pub mod metrics;
 pub mod response;
 pub mod state;
+pub mod telemetry;
 pub mod tls;
 
 use config::Config;

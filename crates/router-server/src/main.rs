@@ -78,7 +78,7 @@ fn main() -> std::process::ExitCode {
             }
         }
     }
-    init_logging(&cfg);
+    let telemetry = router_server::telemetry::init(&cfg.log, &cfg.tracing);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -98,6 +98,8 @@ fn main() -> std::process::ExitCode {
         });
         router_server::run(cfg, rx).await
     });
+    // Queued spans go out (bounded wait) before the process ends.
+    drop(telemetry);
     match res {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
@@ -118,19 +120,5 @@ async fn wait_for_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
-    }
-}
-
-fn init_logging(cfg: &Config) {
-    use tracing_subscriber::EnvFilter;
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&cfg.log.level));
-    let b = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if cfg.log.format == "json" {
-        b.json().init();
-    } else {
-        b.init();
     }
 }

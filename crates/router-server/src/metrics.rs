@@ -32,6 +32,18 @@ pub enum Route {
 }
 
 impl Route {
+    /// Requests forwarded to an engine (traced).
+    pub fn is_inference(self) -> bool {
+        matches!(
+            self,
+            Route::Chat
+                | Route::Completions
+                | Route::Responses
+                | Route::Messages
+                | Route::Passthrough
+        )
+    }
+
     const ALL: [Route; 10] = [
         Route::Chat,
         Route::Completions,

@@ -14,3 +14,4 @@ mod routing;
 mod security;
 mod streaming;
 mod structure;
+mod tracing;

@@ -75,6 +75,7 @@ pub fn metrics(ctx: &Ctx) -> Response<RespBody> {
         .collect();
     let mut extra = String::new();
     ctx.state.render_metrics(&mut extra);
+    crate::telemetry::render(&mut extra);
     let text = ctx
         .metrics
         .render(&samples, &ctx.state.index_stats(), &extra);

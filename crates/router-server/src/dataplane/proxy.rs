@@ -2,13 +2,14 @@
 //! first byte, relay the response.
 
 use super::ctx::Ctx;
-use super::relay::{LoadGuard, RelayBody};
+use super::relay::{LoadGuard, RelayBody, Spans};
 use super::upstream::Lease;
 use crate::config::Config;
 use crate::health::Seen;
 use crate::identity::{self, RouterId};
 use crate::response::{ApiError, ErrorShape, RespBody};
 use crate::state::{RankState, Upstream};
+use crate::telemetry::SPAN_TARGET;
 use bytes::{Bytes, BytesMut};
 use http::{header, HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -19,6 +20,9 @@ use router_core::{
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tracing::field::Empty;
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Headers that describe one hop, never forwarded.
@@ -202,18 +206,41 @@ pub async fn inference(
     let started = Instant::now();
     let (parts, body) = read_body(ctx, req).await?;
     let t_body = started.elapsed();
-    let print = fingerprint_json(ep, &body, &ctx.cfg.fingerprint).map_err(|e| match e {
-        CanonError::Json(_) => ApiError::bad_request("invalid_json", e.to_string()),
-        CanonError::TooManyValues { .. } => ApiError::too_many_values(e.to_string()),
-        _ => ApiError::bad_request("invalid_request", e.to_string()),
-    })?;
+    let request_span = tracing::Span::current();
+    request_span.record("request.bytes", body.len() as i64);
+    let canon = tracing::info_span!(target: SPAN_TARGET, "canonicalize",
+        format = ep.label(), chunks = Empty, prompt_tokens = Empty, session_id = Empty,
+        otel.status_code = Empty);
+    let print = canon
+        .in_scope(|| fingerprint_json(ep, &body, &ctx.cfg.fingerprint))
+        .map_err(|e| {
+            canon.record("otel.status_code", "error");
+            match e {
+                CanonError::Json(_) => ApiError::bad_request("invalid_json", e.to_string()),
+                CanonError::TooManyValues { .. } => ApiError::too_many_values(e.to_string()),
+                _ => ApiError::bad_request("invalid_request", e.to_string()),
+            }
+        })?;
     let fps = print.fingerprints;
+    if !canon.is_disabled() {
+        canon.record("chunks", fps.hashes.len() as i64);
+        canon.record("prompt_tokens", fps.total_tokens as i64);
+        canon.record("session_id", print.session_id.is_some());
+        request_span.record("gen_ai.request.model", print.model.as_str());
+    }
+    drop(canon);
     let session = session_of(&parts.headers, print.session_id.as_deref());
+    let route_span = tracing::info_span!(target: SPAN_TARGET, "route",
+        policy = ?ctx.cfg.policy, candidates = Empty, rank = Empty, reason = Empty,
+        predicted_cached_tokens = Empty, cost = Empty, runner_up.rank = Empty,
+        runner_up.cost = Empty, session_hint = session.is_some(), view = Empty,
+        overlay.pending_routes = Empty, otel.status_code = Empty);
     // Snapshots are read and released before any await: their guards are per-thread slots.
     let (d, order) = {
         let topo = ctx.state.topology();
         let eligible: Vec<&Arc<RankState>> = topo.ranks.iter().filter(|r| r.eligible()).collect();
         if eligible.is_empty() {
+            route_span.record("otel.status_code", "error");
             return Err(ApiError::no_upstream());
         }
         let cands: Vec<Candidate> = eligible.iter().map(|r| r.candidate()).collect();
@@ -234,6 +261,23 @@ pub async fn inference(
         let order: Vec<Arc<RankState>> = d.order.iter().map(|i| eligible[*i].clone()).collect();
         (d, order)
     };
+    if !route_span.is_disabled() {
+        let pending = ctx.state.pending_routes();
+        route_span.record("candidates", order.len() as i64);
+        route_span.record("rank", order[0].label_header.to_str().unwrap_or(""));
+        route_span.record("reason", d.reason.label());
+        route_span.record("predicted_cached_tokens", d.predicted_cached_tokens as i64);
+        if let Some((cost, runner_up)) = d.costs {
+            route_span.record("cost", cost);
+            if let (Some(c), Some(r)) = (runner_up, order.get(1)) {
+                route_span.record("runner_up.rank", r.label_header.to_str().unwrap_or(""));
+                route_span.record("runner_up.cost", c);
+            }
+        }
+        route_span.record("view", if pending > 0 { "overlay" } else { "applied" });
+        route_span.record("overlay.pending_routes", pending as i64);
+    }
+    drop(route_span);
     if matches!(
         d.reason,
         Reason::Cold | Reason::RoundRobin | Reason::Fallback | Reason::Load
@@ -306,25 +350,43 @@ async fn send_with_retries(
             Some(dp) => with_dp_rank(body, dp),
             None => body.clone(),
         };
-        let req = upstream_request(cfg, &ctx.id, parts, up, body)?;
+        let attempt = tracing::info_span!(target: SPAN_TARGET, "upstream",
+            otel.kind = "client", attempt = i as i64 + 1, rank = Empty,
+            server.address = %up.url, reason = p.reason.label(),
+            predicted_cached_tokens = p.predicted_cached as i64, http.response.status_code = Empty,
+            head_ms = Empty, ttft_ms = Empty, outcome = Empty, otel.status_code = Empty);
+        let mut req = upstream_request(cfg, &ctx.id, parts, up, body)?;
+        if !attempt.is_disabled() {
+            attempt.record("rank", rank.label_header.to_str().unwrap_or(""));
+            // The engine's spans join this attempt's trace.
+            crate::telemetry::inject(&attempt.context(), req.headers_mut());
+        }
+        let failed = |outcome: &str| {
+            attempt.record("outcome", outcome);
+            attempt.record("otel.status_code", "error");
+        };
         let guard = LoadGuard::new(rank.clone(), p.prefill);
         rank.requests.fetch_add(1, Relaxed);
         let more = i + 1 < attempts;
+        let sent_at = Instant::now();
         let res = first_byte(
             ctx.pool.send(&up.authority, req),
             Duration::from_millis(cfg.timeouts.first_byte_ms),
             up,
             more,
         )
+        .instrument(attempt.clone())
         .await;
         let (resp, lease) = match res {
             Wait::MarkedDown => {
+                failed("marked_down");
                 ctx.metrics.attempt_failed("marked_down", true);
                 last_err = format!("{} was marked down while the request waited", up.url);
                 tracing::info!(upstream = %up.url, "upstream marked down before the first byte; retrying elsewhere");
                 continue;
             }
             Wait::TimedOut => {
+                failed("timeout");
                 ctx.metrics.attempt_failed("timeout", false);
                 ctx.health.report(up, Seen::Failed);
                 return Err(ApiError::upstream_timeout(format!(
@@ -334,6 +396,7 @@ async fn send_with_retries(
             }
             Wait::Answered(Err(e)) => {
                 let kind = e.kind();
+                failed(kind);
                 ctx.metrics.attempt_failed(kind, more);
                 ctx.health.report(up, Seen::Failed);
                 last_err = format!("{}: {kind} error: {e}", up.url);
@@ -343,7 +406,12 @@ async fn send_with_retries(
             Wait::Answered(Ok(r)) => r,
         };
         let status = resp.status();
+        if !attempt.is_disabled() {
+            attempt.record("http.response.status_code", i64::from(status.as_u16()));
+            attempt.record("head_ms", sent_at.elapsed().as_secs_f64() * 1e3);
+        }
         if status == StatusCode::BAD_GATEWAY || status == StatusCode::SERVICE_UNAVAILABLE {
+            failed("status_502_503");
             ctx.metrics.attempt_failed("status_502_503", more);
             ctx.health.report(up, Seen::Failed);
             last_err = format!("{} answered {status}", up.url);
@@ -370,7 +438,15 @@ async fn send_with_retries(
                 });
             }
         }
-        return Ok(relay(ctx, resp, lease, guard, started, rank, &p));
+        attempt.record(
+            "outcome",
+            if status.is_success() {
+                "ok"
+            } else {
+                "answered"
+            },
+        );
+        return Ok(relay(ctx, resp, lease, guard, started, rank, &p, attempt));
     }
     Err(ApiError::upstream_failed(format!(
         "all {attempts} upstream attempts failed; last: {last_err}"
@@ -464,6 +540,7 @@ fn upstream_request(
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 fn relay(
     ctx: &Arc<Ctx>,
     resp: Response<Incoming>,
@@ -472,6 +549,7 @@ fn relay(
     started: Instant,
     rank: &RankState,
     plan: &Plan,
+    attempt: tracing::Span,
 ) -> Response<RespBody> {
     let (mut parts, body) = resp.into_parts();
     let sse = parts
@@ -511,6 +589,10 @@ fn relay(
         ctx.metrics.clone(),
         started,
         plan.shape,
+        Spans {
+            request: tracing::Span::current(),
+            attempt,
+        },
     );
     Response::from_parts(parts, http_body_util::BodyExt::boxed_unsync(relay))
 }

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::time::Sleep;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 /// One request's share of a rank's load: counted as queued prefill until the first byte,
 /// then as a running decode, and released when dropped (completion, error or disconnect).
@@ -70,6 +71,8 @@ struct UsageFields {
     prompt_tokens_details: Option<Details>,
     input_tokens_details: Option<Details>,
     cache_read_input_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    output_tokens: Option<u64>,
 }
 
 #[derive(serde::Deserialize)]
@@ -77,8 +80,19 @@ struct Details {
     cached_tokens: Option<u64>,
 }
 
-/// Pulls `prompt_tokens` and `cached_tokens` out of a whole response or one SSE event.
-pub fn usage_of(json: &[u8]) -> Option<(u64, u64)> {
+/// Token counts of one response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt: u64,
+    /// Of them, served from the engine's prefix cache.
+    pub cached: u64,
+    /// Generated tokens, when the engine says.
+    pub completion: Option<u64>,
+}
+
+/// Pulls the token counts out of a whole response or one SSE event.
+pub fn usage_of(json: &[u8]) -> Option<Usage> {
     let u = serde_json::from_slice::<UsageDoc>(json).ok()?.usage?;
     let prompt = u.prompt_tokens.or(u.input_tokens)?;
     let cached = u
@@ -87,7 +101,11 @@ pub fn usage_of(json: &[u8]) -> Option<(u64, u64)> {
         .or_else(|| u.input_tokens_details.and_then(|d| d.cached_tokens))
         .or(u.cache_read_input_tokens)
         .unwrap_or(0);
-    Some((prompt, cached))
+    Some(Usage {
+        prompt,
+        cached,
+        completion: u.completion_tokens.or(u.output_tokens),
+    })
 }
 
 /// Finds the usage object in a streamed or whole response without holding the response.
@@ -95,7 +113,7 @@ pub fn usage_of(json: &[u8]) -> Option<(u64, u64)> {
 struct UsageScanner {
     sse: bool,
     buf: Vec<u8>,
-    found: Option<(u64, u64)>,
+    found: Option<Usage>,
 }
 
 const MAX_SCAN: usize = 1 << 20;
@@ -126,7 +144,7 @@ impl UsageScanner {
         }
     }
 
-    fn finish(&mut self) -> Option<(u64, u64)> {
+    fn finish(&mut self) -> Option<Usage> {
         if !self.sse && !self.buf.is_empty() {
             self.found = usage_of(&self.buf);
         }
@@ -174,6 +192,23 @@ pub struct RelayBody {
     first_seen: bool,
     sse: bool,
     shape: ErrorShape,
+    /// Trace spans ended with the stream (disabled spans when tracing is off).
+    spans: Option<Spans>,
+    bytes: u64,
+}
+
+/// The trace spans a relayed response ends: the request's and its upstream attempt's.
+pub struct Spans {
+    /// The client's request.
+    pub request: tracing::Span,
+    /// The attempt that answered.
+    pub attempt: tracing::Span,
+}
+
+impl Spans {
+    fn traced(&self) -> bool {
+        !self.request.is_disabled()
+    }
 }
 
 impl RelayBody {
@@ -188,6 +223,7 @@ impl RelayBody {
         metrics: Arc<Metrics>,
         started: Instant,
         shape: ErrorShape,
+        spans: Spans,
     ) -> Self {
         RelayBody {
             inner,
@@ -206,6 +242,8 @@ impl RelayBody {
             first_seen: false,
             sse,
             shape,
+            spans: spans.traced().then_some(spans),
+            bytes: 0,
         }
     }
 
@@ -218,9 +256,22 @@ impl RelayBody {
             }
         }
         self.metrics.observe_duration(self.started.elapsed());
-        if ok {
-            if let Some((p, c)) = self.scan.finish() {
-                self.metrics.observe_usage(p, c);
+        let usage = if ok { self.scan.finish() } else { None };
+        if let Some(u) = usage {
+            self.metrics.observe_usage(u.prompt, u.cached);
+        }
+        // Dropping the spans ends them now rather than when hyper drops the body.
+        if let Some(s) = self.spans.take() {
+            s.request.record("response.bytes", self.bytes as i64);
+            if let Some(u) = usage {
+                s.request.record("usage.prompt_tokens", u.prompt as i64);
+                s.request.record("usage.cached_tokens", u.cached as i64);
+                if let Some(c) = u.completion {
+                    s.request.record("usage.completion_tokens", c as i64);
+                }
+            }
+            if ok {
+                s.request.record("stream.end", "complete");
             }
         }
     }
@@ -233,6 +284,12 @@ impl RelayBody {
         message: String,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         self.metrics.stream_error(code);
+        if let Some(s) = &self.spans {
+            for span in [&s.request, &s.attempt] {
+                span.record("stream.end", code);
+                span.record("otel.status_code", "error");
+            }
+        }
         let upstream = self.guard.as_ref().map(|g| g.rank.upstream.url.clone());
         tracing::warn!(upstream = upstream.as_deref().unwrap_or("?"), code, %message, "upstream stream failed after first byte");
         self.end(false);
@@ -266,8 +323,16 @@ impl Body for RelayBody {
                         if let Some(g) = this.guard.as_mut() {
                             g.first_byte();
                         }
-                        this.metrics.observe_ttft(this.started.elapsed());
+                        let ttft = this.started.elapsed();
+                        this.metrics.observe_ttft(ttft);
+                        if let Some(s) = &this.spans {
+                            let ms = ttft.as_secs_f64() * 1e3;
+                            s.request.record("ttft_ms", ms);
+                            s.attempt.record("ttft_ms", ms);
+                            s.attempt.add_event("first_byte", Vec::new());
+                        }
                     }
+                    this.bytes += d.len() as u64;
                     this.scan.feed(d);
                 }
                 if this.inner.is_end_stream() {
@@ -339,14 +404,28 @@ mod tests {
         };
         s.feed(b"data: {\"choices\":[]}\n\ndata: {\"choices\":[],\"usa");
         s.feed(b"ge\":{\"prompt_tokens\":100,\"prompt_tokens_details\":{\"cached_tokens\":64}}}\n\ndata: [DONE]\n\n");
-        assert_eq!(s.finish(), Some((100, 64)));
+        assert_eq!(
+            s.finish(),
+            Some(Usage {
+                prompt: 100,
+                cached: 64,
+                completion: None
+            })
+        );
     }
 
     #[test]
     fn usage_from_json_and_anthropic() {
         let mut s = UsageScanner::default();
-        s.feed(br#"{"id":"x","usage":{"input_tokens":10,"cache_read_input_tokens":7}}"#);
-        assert_eq!(s.finish(), Some((10, 7)));
+        s.feed(br#"{"id":"x","usage":{"input_tokens":10,"cache_read_input_tokens":7,"output_tokens":3}}"#);
+        assert_eq!(
+            s.finish(),
+            Some(Usage {
+                prompt: 10,
+                cached: 7,
+                completion: Some(3)
+            })
+        );
         let mut s = UsageScanner::default();
         s.feed(br#"{"id":"x"}"#);
         assert_eq!(s.finish(), None);

@@ -8,10 +8,14 @@ use crate::admin::{self, handle_http, is_admin, AdminError, AdminHttp};
 use crate::identity::{self, Loop};
 use crate::metrics::Route;
 use crate::response::{ApiError, ErrorShape, RespBody};
+use crate::telemetry::SPAN_TARGET;
 use http::{header, HeaderMap, Method, Request, Response};
 use hyper::body::Incoming;
 use router_core::{ct_eq, Endpoint};
 use std::sync::Arc;
+use tracing::field::Empty;
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 /// Entry point for every client request.
 pub async fn handle(
@@ -37,19 +41,52 @@ pub async fn handle(
     } else {
         ErrorShape::OpenAi
     };
-    let resp = match dispatch(&ctx, req, route, &path, metrics_only).await {
+    let span = if route.is_inference() && !metrics_only {
+        request_span(&req, &path)
+    } else {
+        tracing::Span::none()
+    };
+    let resp = match dispatch(&ctx, req, route, &path, metrics_only)
+        .instrument(span.clone())
+        .await
+    {
         Ok(r) => r,
         Err(e) => {
-            if e.status.is_server_error() {
-                tracing::warn!(%path, status = e.status.as_u16(), message = %e.message, "request failed");
-            } else {
-                tracing::debug!(%path, status = e.status.as_u16(), message = %e.message, "request rejected");
-            }
+            span.record("error.type", e.code);
+            span.record("otel.status_code", "error");
+            // In the request's span: a JSON log line names the trace.
+            span.in_scope(|| {
+                if e.status.is_server_error() {
+                    tracing::warn!(%path, status = e.status.as_u16(), error = %e.message, "request failed");
+                } else {
+                    tracing::debug!(%path, status = e.status.as_u16(), error = %e.message, "request rejected");
+                }
+            });
             e.into_response(shape)
         }
     };
     ctx.metrics.request(route, resp.status().as_u16());
+    span.record(
+        "http.response.status_code",
+        i64::from(resp.status().as_u16()),
+    );
     resp
+}
+
+/// The trace span of one inference request, a child of the client's `traceparent` when it
+/// sends one. Disabled (and free) when tracing is off.
+fn request_span(req: &Request<Incoming>, path: &str) -> tracing::Span {
+    let span = tracing::info_span!(target: SPAN_TARGET, "request",
+        otel.kind = "server", http.request.method = %req.method(), http.route = path,
+        http.response.status_code = Empty, gen_ai.request.model = Empty,
+        request.bytes = Empty, response.bytes = Empty, ttft_ms = Empty,
+        usage.prompt_tokens = Empty, usage.cached_tokens = Empty,
+        usage.completion_tokens = Empty, stream.end = Empty, error.type = Empty,
+        otel.status_code = Empty);
+    if !span.is_disabled() {
+        let _ = span.set_parent(crate::telemetry::extract(req.headers()));
+    }
+    span
 }
 
 async fn dispatch(

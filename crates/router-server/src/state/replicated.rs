@@ -8,6 +8,7 @@ use super::routing::{ChangeError, ChangeFuture, Changed, ClusterView, RoutingSta
 use super::topology::Topology;
 use crate::config::{ClusterConfig, Config};
 use crate::metrics::{Histogram, Metrics};
+use crate::telemetry::SPAN_TARGET;
 use arc_swap::{ArcSwap, Guard};
 use router_cluster::store::{OnApply, SmState};
 use router_cluster::tls::PeerTls;
@@ -20,6 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
+use tracing::field::Empty;
+use tracing::Instrument;
 
 /// Views published for the request path.
 #[derive(Default)]
@@ -295,7 +298,10 @@ async fn proposer(
         };
         let routes = p.routes_of(seq);
         let st = state.clone();
-        tokio::spawn(async move {
+        let span = tracing::info_span!(target: SPAN_TARGET, "propose", routes = n as i64,
+            tries = Empty, index = Empty, otel.status_code = Empty);
+        let traced = span.clone();
+        let batch = async move {
             let cmd = Command::RecordRoutes {
                 peer: st.node.id,
                 at_ms: now_ms(),
@@ -306,7 +312,9 @@ async fn proposer(
             let mut index = None;
             let give_up = tokio::time::Instant::now() + RECORD_RETRY;
             let mut pause = Duration::from_millis(50);
+            let mut tries = 0u64;
             loop {
+                tries += 1;
                 match st.node.propose_at(cmd.clone()).await {
                     Ok((i, _)) => {
                         index = Some(i);
@@ -325,14 +333,22 @@ async fn proposer(
                     }
                 }
             }
-            if index.is_none() {
-                for _ in 0..n {
-                    st.metrics.record_dropped();
+            traced.record("tries", tries as i64);
+            match index {
+                Some(i) => {
+                    traced.record("index", i as i64);
+                }
+                None => {
+                    traced.record("otel.status_code", "error");
+                    for _ in 0..n {
+                        st.metrics.record_dropped();
+                    }
                 }
             }
             st.published.overlay.settle(seq, index);
             drop(permit);
-        });
+        };
+        tokio::spawn(batch.instrument(span));
     }
 }
 
@@ -406,6 +422,10 @@ impl RoutingState for ClusterState {
 
     fn topology(&self) -> Guard<Arc<Topology>> {
         self.published.topology.load()
+    }
+
+    fn pending_routes(&self) -> u64 {
+        self.published.overlay.pending_routes()
     }
 
     fn record(&self, rec: Route) {

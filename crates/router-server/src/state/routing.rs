@@ -77,6 +77,11 @@ pub trait RoutingState: Send + Sync + 'static {
     fn topology(&self) -> Guard<Arc<Topology>>;
     /// Remembers a decision; never blocks (a full queue drops and counts).
     fn record(&self, rec: Route);
+    /// This peer's decisions in `view` that the replicated log has not applied yet (0: the
+    /// view is the applied state alone).
+    fn pending_routes(&self) -> u64 {
+        0
+    }
     /// Index counters for metrics.
     fn index_stats(&self) -> IndexStats;
     /// Raft status when clustered.

@@ -1,0 +1,478 @@
+//! Logs and OpenTelemetry traces.
+//!
+//! Spans of the request path and of the cluster use the target [`SPAN_TARGET`]. With
+//! tracing off no layer enables that target, so the span macros return a disabled span
+//! before evaluating any field: the request path pays one cached callsite check per span.
+//! With tracing on, `tracing-opentelemetry` turns them into OpenTelemetry spans and a
+//! [`QueuedExport`] processor hands finished spans to one export thread through a bounded
+//! queue: the request path never waits for the collector; a full queue or a failed export
+//! drops spans and counts them (`router_trace_spans_dropped_total`).
+//!
+//! Span fields that are counts are recorded as `i64`: OpenTelemetry integers are signed,
+//! and `tracing-opentelemetry` exports a `u64` field as a string.
+
+use crate::config::{LogConfig, TracingConfig};
+use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
+use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+use opentelemetry_otlp::{WithExportConfig, WithTonicConfig};
+use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::{
+    Sampler, SdkTracerProvider, Span, SpanData, SpanExporter, SpanProcessor,
+};
+use opentelemetry_sdk::Resource;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::time::{Duration, Instant};
+use tracing::Subscriber;
+use tracing_subscriber::fmt::format::{Format, Json, JsonFields, Writer};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
+
+pub use router_cluster::SPAN_TARGET;
+/// Spans sent in one export call at most.
+const EXPORT_BATCH: usize = 512;
+/// Longest a finished span waits for its batch to fill.
+const EXPORT_EVERY: Duration = Duration::from_millis(200);
+/// Longest the process waits at exit for queued spans to go out.
+const EXIT_FLUSH: Duration = Duration::from_secs(2);
+/// A failing collector is reported in the log at most this often.
+const FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// Export counters, read by `/metrics`.
+pub struct ExportStats {
+    /// Tracing is configured.
+    pub enabled: AtomicBool,
+    /// Spans the collector accepted.
+    pub exported: AtomicU64,
+    /// Spans dropped because the queue was full.
+    pub dropped_queue_full: AtomicU64,
+    /// Spans dropped because their export failed (collector down or refusing).
+    pub dropped_export_failed: AtomicU64,
+}
+
+/// The process's export counters.
+pub static STATS: ExportStats = ExportStats {
+    enabled: AtomicBool::new(false),
+    exported: AtomicU64::new(0),
+    dropped_queue_full: AtomicU64::new(0),
+    dropped_export_failed: AtomicU64::new(0),
+};
+
+/// Appends the export counters in Prometheus text format.
+pub fn render(out: &mut String) {
+    let s = &STATS;
+    let _ = writeln!(
+        out,
+        "# HELP router_trace_enabled 1 when spans are exported over OTLP.\n\
+         # TYPE router_trace_enabled gauge\n\
+         router_trace_enabled {}\n\
+         # HELP router_trace_spans_exported_total Spans the OTLP collector accepted.\n\
+         # TYPE router_trace_spans_exported_total counter\n\
+         router_trace_spans_exported_total {}\n\
+         # HELP router_trace_spans_dropped_total Spans dropped: export queue full, or the export failed.\n\
+         # TYPE router_trace_spans_dropped_total counter\n\
+         router_trace_spans_dropped_total{{reason=\"queue_full\"}} {}\n\
+         router_trace_spans_dropped_total{{reason=\"export_failed\"}} {}",
+        u8::from(s.enabled.load(Relaxed)),
+        s.exported.load(Relaxed),
+        s.dropped_queue_full.load(Relaxed),
+        s.dropped_export_failed.load(Relaxed),
+    );
+}
+
+/// What `main` keeps until exit: the tracer provider, flushed on drop.
+pub struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl Drop for Telemetry {
+    fn drop(&mut self) {
+        if let Some(p) = self.provider.take() {
+            let _ = p.shutdown_with_timeout(EXIT_FLUSH);
+        }
+    }
+}
+
+/// Installs the global subscriber: log lines (text or JSON; JSON lines carry `trace_id`
+/// and `span_id` inside a traced request) and, when an OTLP endpoint is configured, the
+/// OpenTelemetry layer. Call outside any async runtime: the exporter runs its own thread.
+pub fn init(log: &LogConfig, tr: &TracingConfig) -> Telemetry {
+    let provider = tr.otlp_endpoint.as_ref().map(|ep| provider(ep, tr));
+    let traced = provider.is_some();
+    let base = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&log.level));
+    // Spans exist only for traces: with tracing off nobody enables their target; with it
+    // on, the log layer sees them too so that lines inside a request can name its trace.
+    let span_directive = if traced {
+        format!("{SPAN_TARGET}=trace")
+    } else {
+        format!("{SPAN_TARGET}=off")
+    };
+    let filter = match span_directive.parse() {
+        Ok(d) => base.add_directive(d),
+        Err(_) => base,
+    };
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt: Box<dyn Layer<_> + Send + Sync> = if log.format == "json" {
+        fmt.json()
+            .event_format(JsonWithTrace(Format::default().json()))
+            .fmt_fields(JsonFields::new())
+            .with_filter(filter)
+            .boxed()
+    } else {
+        fmt.with_filter(filter).boxed()
+    };
+    let otel = provider.as_ref().map(|p| {
+        tracing_opentelemetry::layer()
+            .with_tracer(p.tracer("router"))
+            .with_location(false)
+            .with_threads(false)
+            .with_target(false)
+            .with_tracked_inactivity(false)
+            .with_filter(
+                tracing_subscriber::filter::Targets::new()
+                    .with_target(SPAN_TARGET, tracing::Level::TRACE),
+            )
+    });
+    let _ = tracing_subscriber::registry()
+        .with(fmt)
+        .with(otel)
+        .try_init();
+    if let Some(ep) = &tr.otlp_endpoint {
+        tracing::info!(endpoint = %ep, service = %tr.service_name, sampling = tr.sampling_ratio, "exporting traces over OTLP/gRPC");
+    }
+    Telemetry { provider }
+}
+
+fn provider(endpoint: &str, tr: &TracingConfig) -> SdkTracerProvider {
+    STATS.enabled.store(true, Relaxed);
+    let resource = Resource::builder()
+        .with_service_name(tr.service_name.clone())
+        .build();
+    let (tx, rx) = sync_channel(tr.queue_spans);
+    let export = ExportSetup {
+        endpoint: endpoint.to_owned(),
+        headers: tr.headers.clone(),
+        timeout: Duration::from_millis(tr.export_timeout_ms),
+        resource: resource.clone(),
+    };
+    let spawned = std::thread::Builder::new()
+        .name("otlp-export".into())
+        .spawn(move || export_loop(rx, export));
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "cannot start the span export thread: spans will be dropped");
+    }
+    SdkTracerProvider::builder()
+        .with_span_processor(QueuedExport { tx })
+        .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
+            tr.sampling_ratio,
+        ))))
+        .with_resource(resource)
+        .build()
+}
+
+enum Msg {
+    Span(Box<SpanData>),
+    Flush(SyncSender<()>),
+}
+
+/// Hands finished spans to the export thread without ever waiting.
+#[derive(Debug)]
+struct QueuedExport {
+    tx: SyncSender<Msg>,
+}
+
+impl std::fmt::Debug for Msg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Msg")
+    }
+}
+
+impl SpanProcessor for QueuedExport {
+    fn on_start(&self, _span: &mut Span, _cx: &opentelemetry::Context) {}
+
+    fn on_end(&self, span: SpanData) {
+        if !span.span_context.is_sampled() {
+            return;
+        }
+        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) =
+            self.tx.try_send(Msg::Span(Box::new(span)))
+        {
+            STATS.dropped_queue_full.fetch_add(1, Relaxed);
+        }
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        flush(&self.tx, EXIT_FLUSH)
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        flush(&self.tx, timeout)
+    }
+}
+
+/// Waits (bounded) until the export thread has sent everything queued before this call.
+fn flush(tx: &SyncSender<Msg>, timeout: Duration) -> OTelSdkResult {
+    let deadline = Instant::now() + timeout;
+    let (done_tx, done_rx) = sync_channel(1);
+    let mut msg = Msg::Flush(done_tx);
+    loop {
+        match tx.try_send(msg) {
+            Ok(()) => break,
+            Err(TrySendError::Disconnected(_)) => return Err(OTelSdkError::AlreadyShutdown),
+            Err(TrySendError::Full(m)) => {
+                if Instant::now() >= deadline {
+                    return Err(OTelSdkError::Timeout(timeout));
+                }
+                msg = m;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+    done_rx
+        .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        .map_err(|_| OTelSdkError::Timeout(timeout))
+}
+
+struct ExportSetup {
+    endpoint: String,
+    headers: std::collections::BTreeMap<String, String>,
+    timeout: Duration,
+    resource: Resource,
+}
+
+fn export_loop(rx: Receiver<Msg>, setup: ExportSetup) {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "span export: no runtime; spans will be dropped");
+            return drain_failed(rx);
+        }
+    };
+    let built = rt.block_on(async {
+        let mut md = tonic::metadata::MetadataMap::new();
+        for (k, v) in &setup.headers {
+            if let (Ok(k), Ok(v)) = (
+                tonic::metadata::MetadataKey::from_bytes(k.as_bytes()),
+                v.parse(),
+            ) {
+                md.insert(k, v);
+            }
+        }
+        opentelemetry_otlp::SpanExporter::builder()
+            .with_tonic()
+            .with_endpoint(setup.endpoint.clone())
+            .with_timeout(setup.timeout)
+            .with_metadata(md)
+            .build()
+    });
+    let mut exporter = match built {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::error!(error = %e, endpoint = %setup.endpoint, "span export: cannot build the OTLP exporter; spans will be dropped");
+            return drain_failed(rx);
+        }
+    };
+    exporter.set_resource(&setup.resource);
+    let mut last_failure_log: Option<Instant> = None;
+    let mut batch: Vec<SpanData> = Vec::with_capacity(EXPORT_BATCH);
+    let mut flushes: Vec<SyncSender<()>> = Vec::new();
+    loop {
+        let first = match rx.recv() {
+            Ok(m) => m,
+            Err(_) => return,
+        };
+        let take = |m: Msg, batch: &mut Vec<SpanData>, flushes: &mut Vec<SyncSender<()>>| match m {
+            Msg::Span(s) => batch.push(*s),
+            Msg::Flush(done) => flushes.push(done),
+        };
+        take(first, &mut batch, &mut flushes);
+        let deadline = Instant::now() + EXPORT_EVERY;
+        while batch.len() < EXPORT_BATCH && flushes.is_empty() {
+            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(m) => take(m, &mut batch, &mut flushes),
+                Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        if !batch.is_empty() {
+            let n = batch.len() as u64;
+            match rt.block_on(exporter.export(std::mem::take(&mut batch))) {
+                Ok(()) => {
+                    STATS.exported.fetch_add(n, Relaxed);
+                }
+                Err(e) => {
+                    STATS.dropped_export_failed.fetch_add(n, Relaxed);
+                    if last_failure_log.is_none_or(|t| t.elapsed() >= FAILURE_LOG_EVERY) {
+                        last_failure_log = Some(Instant::now());
+                        tracing::warn!(error = %e, endpoint = %setup.endpoint, spans = n, "span export failed; dropping spans (counted in router_trace_spans_dropped_total)");
+                    }
+                }
+            }
+            batch = Vec::with_capacity(EXPORT_BATCH);
+        }
+        for f in flushes.drain(..) {
+            let _ = f.send(());
+        }
+    }
+}
+
+fn drain_failed(rx: Receiver<Msg>) {
+    for m in rx {
+        match m {
+            Msg::Span(_) => {
+                STATS.dropped_export_failed.fetch_add(1, Relaxed);
+            }
+            Msg::Flush(done) => {
+                let _ = done.send(());
+            }
+        }
+    }
+}
+
+/// The JSON log format with `trace_id` and `span_id` of the current traced span.
+struct JsonWithTrace(Format<Json>);
+
+impl<S, N> FormatEvent<S, N> for JsonWithTrace
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let mut line = String::with_capacity(256);
+        self.0.format_event(ctx, Writer::new(&mut line), event)?;
+        let ids = ctx.lookup_current().and_then(|span| {
+            let id = span.id();
+            drop(span);
+            tracing::dispatcher::get_default(|d| tracing_opentelemetry::get_otel_context(&id, d))
+        });
+        if let Some(cx) = ids {
+            let sc = cx.span().span_context().clone();
+            if sc.is_valid() {
+                if let Some(end) = line.rfind('}') {
+                    line.insert_str(
+                        end,
+                        &format!(
+                            ",\"trace_id\":\"{}\",\"span_id\":\"{}\"",
+                            sc.trace_id(),
+                            sc.span_id()
+                        ),
+                    );
+                }
+            }
+        }
+        writer.write_str(&line)
+    }
+}
+
+/// The W3C trace context of a request's headers (`traceparent`, `tracestate`).
+pub fn extract(headers: &http::HeaderMap) -> opentelemetry::Context {
+    TraceContextPropagator::new().extract(&HeaderExtractor(headers))
+}
+
+/// Writes `cx` as `traceparent` / `tracestate`, replacing the client's.
+pub fn inject(cx: &opentelemetry::Context, headers: &mut http::HeaderMap) {
+    TraceContextPropagator::new().inject_context(cx, &mut HeaderInjector(headers));
+}
+
+struct HeaderExtractor<'a>(&'a http::HeaderMap);
+
+impl Extractor for HeaderExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(http::HeaderName::as_str).collect()
+    }
+}
+
+struct HeaderInjector<'a>(&'a mut http::HeaderMap);
+
+impl Injector for HeaderInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        if let (Ok(k), Ok(v)) = (
+            http::HeaderName::from_bytes(key.as_bytes()),
+            http::HeaderValue::from_str(&value),
+        ) {
+            self.0.insert(k, v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trace_context_round_trips_through_headers() {
+        let mut h = http::HeaderMap::new();
+        h.insert(
+            "traceparent",
+            http::HeaderValue::from_static(
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            ),
+        );
+        let cx = extract(&h);
+        let sc = cx.span().span_context().clone();
+        assert_eq!(
+            sc.trace_id().to_string(),
+            "0af7651916cd43dd8448eb211c80319c"
+        );
+        assert!(sc.is_sampled() && sc.is_remote());
+        let mut out = http::HeaderMap::new();
+        inject(&cx, &mut out);
+        assert_eq!(
+            out["traceparent"],
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        );
+    }
+
+    #[test]
+    fn a_full_queue_drops_and_counts_instead_of_waiting() {
+        let (tx, _rx) = sync_channel(1);
+        let p = QueuedExport { tx };
+        let before = STATS.dropped_queue_full.load(Relaxed);
+        let span = || {
+            let mut d = SpanData {
+                span_context: opentelemetry::trace::SpanContext::new(
+                    opentelemetry::trace::TraceId::from(1u128),
+                    opentelemetry::trace::SpanId::from(1u64),
+                    opentelemetry::trace::TraceFlags::SAMPLED,
+                    false,
+                    Default::default(),
+                ),
+                parent_span_id: opentelemetry::trace::SpanId::INVALID,
+                parent_span_is_remote: false,
+                span_kind: opentelemetry::trace::SpanKind::Internal,
+                name: "x".into(),
+                start_time: std::time::SystemTime::now(),
+                end_time: std::time::SystemTime::now(),
+                attributes: Vec::new(),
+                dropped_attributes_count: 0,
+                events: Default::default(),
+                links: Default::default(),
+                status: opentelemetry::trace::Status::Unset,
+                instrumentation_scope: Default::default(),
+            };
+            d.name = "y".into();
+            d
+        };
+        let t = Instant::now();
+        for _ in 0..100 {
+            p.on_end(span());
+        }
+        assert!(t.elapsed() < Duration::from_secs(1));
+        assert!(STATS.dropped_queue_full.load(Relaxed) - before >= 99);
+    }
+}
