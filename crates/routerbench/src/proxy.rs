@@ -43,6 +43,13 @@ pub struct ProxyArgs {
     /// run as a fourth target, `router-b`, to compare two builds under the same noise.
     #[arg(long)]
     pub compare_router: Option<std::path::PathBuf>,
+    /// Also measure a router with OpenTelemetry tracing on (sampling 1.0) exporting every
+    /// span to an OTLP/gRPC collector in this process, as the target `traced`.
+    #[arg(long)]
+    pub traced: bool,
+    /// Sampling ratio of the `traced` router (what a partial sampling costs).
+    #[arg(long, default_value_t = 1.0)]
+    pub traced_sampling: f64,
     /// Keep the router's and nginx's logs.
     #[arg(long)]
     pub keep_logs: bool,
@@ -151,6 +158,89 @@ fn router_config(port: u16, up: SocketAddr) -> String {
     format!("listen = \"127.0.0.1:{port}\"\n[log]\nlevel = \"warn\"\n[health]\ninterval_ms = 60000\n[[upstreams]]\nurl = \"http://{up}\"\n")
 }
 
+/// An OTLP/gRPC trace collector that takes every export call and answers success without
+/// decoding it: a real collector runs elsewhere, and decoding 50k spans/s here would slow
+/// this process's clients while the traced router is measured. The router's own
+/// `router_trace_spans_exported_total` counts the spans.
+#[derive(Default, Clone)]
+struct Collector {
+    calls: Arc<AtomicU64>,
+    bytes: Arc<AtomicU64>,
+}
+
+async fn collector() -> anyhow::Result<(SocketAddr, Collector)> {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = l.local_addr()?;
+    let c = Collector::default();
+    let counters = c.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = l.accept().await else {
+                continue;
+            };
+            let c = counters.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let c = c.clone();
+                    async move {
+                        let ok = req.uri().path()
+                            == "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
+                        let n = req
+                            .into_body()
+                            .collect()
+                            .await
+                            .map_or(0, |b| b.to_bytes().len());
+                        c.calls.fetch_add(1, Relaxed);
+                        c.bytes.fetch_add(n as u64, Relaxed);
+                        let mut trailers = http::HeaderMap::new();
+                        trailers.insert(
+                            "grpc-status",
+                            http::HeaderValue::from_static(if ok { "0" } else { "12" }),
+                        );
+                        // An empty ExportTraceServiceResponse: not compressed, length 0.
+                        let frames = futures_util::stream::iter([
+                            Ok::<_, Infallible>(hyper::body::Frame::data(Bytes::from_static(&[
+                                0, 0, 0, 0, 0,
+                            ]))),
+                            Ok(hyper::body::Frame::trailers(trailers)),
+                        ]);
+                        let mut resp = http::Response::new(http_body_util::StreamBody::new(frames));
+                        resp.headers_mut().insert(
+                            http::header::CONTENT_TYPE,
+                            http::HeaderValue::from_static("application/grpc"),
+                        );
+                        Ok::<_, Infallible>(resp)
+                    }
+                });
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    Ok((addr, c))
+}
+
+/// Reads one sample of the router's `/metrics` (0 when absent).
+async fn scrape(c: &C, port: u16, name: &str) -> f64 {
+    let Ok(req) = http::Request::get(format!("http://127.0.0.1:{port}/metrics"))
+        .body(Full::new(Bytes::new()))
+    else {
+        return 0.0;
+    };
+    let Ok(resp) = c.request(req).await else {
+        return 0.0;
+    };
+    let Ok(body) = resp.into_body().collect().await else {
+        return 0.0;
+    };
+    String::from_utf8_lossy(&body.to_bytes())
+        .lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
 /// Runs both tests and prints the figures.
 pub async fn run(a: ProxyArgs) -> anyhow::Result<serde_json::Value> {
     let dir = std::env::temp_dir().join(format!("routerbench-proxy-{}", std::process::id()));
@@ -181,6 +271,27 @@ pub async fn run(a: ProxyArgs) -> anyhow::Result<serde_json::Value> {
         wait_port(SocketAddr::from(([127, 0, 0, 1], bport)), "router-b").await?;
         targets.push(("router-b", format!("http://127.0.0.1:{bport}{}", a.path)));
     }
+    let mut _traced = None;
+    let mut traced_at = None;
+    if a.traced {
+        let (otlp, c) = collector().await?;
+        let tport = free_port()?;
+        let cfg = dir.join("router-traced.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "{}[tracing]\notlp_endpoint = \"http://{otlp}\"\nsampling_ratio = {}\n",
+                router_config(tport, up),
+                a.traced_sampling
+            ),
+        )?;
+        let mut cmd = Command::new(sibling("router")?);
+        cmd.arg("--config").arg(&cfg);
+        _traced = Some(spawn("router-traced", cmd, &dir.join("router-traced.log"))?);
+        wait_port(SocketAddr::from(([127, 0, 0, 1], tport)), "router-traced").await?;
+        traced_at = Some((targets.len(), tport, c));
+        targets.push(("traced", format!("http://127.0.0.1:{tport}{}", a.path)));
+    }
     let client: C = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
 
     // Latency: 150 KB prompts, one at a time, the three targets interleaved.
@@ -202,6 +313,26 @@ pub async fn run(a: ProxyArgs) -> anyhow::Result<serde_json::Value> {
     let p50: Vec<f64> = lat.iter_mut().map(|v| pct(v, 0.5)).collect();
     let p99: Vec<f64> = lat.iter_mut().map(|v| pct(v, 0.99)).collect();
 
+    // What the traced router exported at the latency test's pace (one request at a time).
+    let mut traced_sequential = (0.0, 0.0);
+    if let Some((_, port, _)) = &traced_at {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        traced_sequential = (
+            scrape(&client, *port, "router_trace_spans_exported_total").await,
+            scrape(
+                &client,
+                *port,
+                "router_trace_spans_dropped_total{reason=\"queue_full\"}",
+            )
+            .await
+                + scrape(
+                    &client,
+                    *port,
+                    "router_trace_spans_dropped_total{reason=\"export_failed\"}",
+                )
+                .await,
+        );
+    }
     // Throughput: 40 KB prompts, `concurrency` clients for a fixed time per target.
     let small: Arc<Vec<Bytes>> = Arc::new((0..64).map(|i| chat_body(40_000, 1000 + i)).collect());
     // Several short rounds, targets interleaved, median per target: a noisy neighbour
@@ -240,12 +371,51 @@ pub async fn run(a: ProxyArgs) -> anyhow::Result<serde_json::Value> {
         );
     }
     println!("\nrouter added p50: {:.3} ms (target <= 0.5); router / nginx throughput: {:.2}x (target >= 0.8)", p50[1] - p50[0], rps[1] / rps[2]);
-    if targets.len() > 3 {
+    if a.compare_router.is_some() {
         println!(
             "router / router-b throughput: {:.3}x; router-b / nginx: {:.2}x",
             rps[1] / rps[3],
             rps[3] / rps[2]
         );
+    }
+    let mut traced_figures = serde_json::Value::Null;
+    if let Some((t, port, c)) = &traced_at {
+        // Spans still queued go out within the export interval.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let dropped = scrape(
+            &client,
+            *port,
+            "router_trace_spans_dropped_total{reason=\"queue_full\"}",
+        )
+        .await
+            + scrape(
+                &client,
+                *port,
+                "router_trace_spans_dropped_total{reason=\"export_failed\"}",
+            )
+            .await;
+        let exported = scrape(&client, *port, "router_trace_spans_exported_total").await;
+        let shed = scrape(&client, *port, "router_trace_traces_shed_total").await;
+        println!(
+            "tracing on (sampling {}) vs off: added p50 {:.3} ms (target <= 0.5), throughput {:.3}x (target >= 0.9)\n  spans after the latency test: exported {}, dropped {}; after the throughput test (saturated: the exporter gets idle CPU only): exported {exported}, dropped {dropped}, traces shed {shed}; collector took {} export calls, {:.1} MB",
+            a.traced_sampling,
+            p50[*t] - p50[1],
+            rps[*t] / rps[1],
+            traced_sequential.0,
+            traced_sequential.1,
+            c.calls.load(Relaxed),
+            c.bytes.load(Relaxed) as f64 / 1e6,
+        );
+        traced_figures = serde_json::json!({
+            "p50": p50[*t], "p99": p99[*t], "rps": rps[*t],
+            "added_p50_ms_over_router": p50[*t] - p50[1],
+            "rps_over_router": rps[*t] / rps[1],
+            "export_calls": c.calls.load(Relaxed), "export_bytes": c.bytes.load(Relaxed),
+            "spans_exported": exported,
+            "sequential_spans_exported": traced_sequential.0,
+            "sequential_spans_dropped": traced_sequential.1,
+            "spans_dropped": dropped, "traces_shed": shed,
+        });
     }
     let v = serde_json::json!({
         "latency_ms": {"direct": {"p50": p50[0], "p99": p99[0]}, "router": {"p50": p50[1], "p99": p99[1]}, "nginx": {"p50": p50[2], "p99": p99[2]}},
@@ -253,6 +423,7 @@ pub async fn run(a: ProxyArgs) -> anyhow::Result<serde_json::Value> {
         "nginx_added_p50_ms": p50[2] - p50[0],
         "rps": {"direct": rps[0], "router": rps[1], "nginx": rps[2]},
         "router_over_nginx_rps": rps[1] / rps[2],
+        "traced": traced_figures,
     });
     if let Some(p) = &a.json {
         std::fs::write(p, serde_json::to_vec_pretty(&v)?)?;

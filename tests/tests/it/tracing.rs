@@ -262,8 +262,12 @@ async fn a_streamed_turn_is_one_trace_from_the_client_through_the_router_to_the_
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let found = found.unwrap_or_else(|| panic!("no 'request rejected' line:\n{}", router.log()));
-    assert_eq!(found["trace_id"], client_trace, "{found}");
-    assert_eq!(found["span_id"].as_str().map(str::len), Some(16), "{found}");
+    assert_eq!(found["fields"]["trace_id"], client_trace, "{found}");
+    assert_eq!(
+        found["fields"]["span_id"].as_str().map(str::len),
+        Some(16),
+        "{found}"
+    );
     // Counted once the collector's answer is back, a moment after it has the spans.
     let mut exported = 0.0;
     for _ in 0..50 {

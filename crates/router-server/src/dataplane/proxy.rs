@@ -9,20 +9,19 @@ use crate::health::Seen;
 use crate::identity::{self, RouterId};
 use crate::response::{ApiError, ErrorShape, RespBody};
 use crate::state::{RankState, Upstream};
-use crate::telemetry::SPAN_TARGET;
+use crate::telemetry::Trace;
 use bytes::{Bytes, BytesMut};
 use http::{header, HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
+use opentelemetry::trace::SpanKind;
+use opentelemetry::KeyValue;
 use router_core::{
     fingerprint_json, select, Candidate, CanonError, Endpoint, Fingerprints, Reason, RouteInput,
 };
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tracing::field::Empty;
-use tracing::Instrument;
-use tracing_opentelemetry::OpenTelemetrySpanExt;
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Headers that describe one hop, never forwarded.
@@ -202,45 +201,41 @@ pub async fn inference(
     ctx: &Arc<Ctx>,
     req: Request<Incoming>,
     ep: Endpoint,
+    trace: &Trace,
 ) -> Result<Response<RespBody>, ApiError> {
     let started = Instant::now();
     let (parts, body) = read_body(ctx, req).await?;
     let t_body = started.elapsed();
-    let request_span = tracing::Span::current();
-    request_span.record("request.bytes", body.len() as i64);
-    let canon = tracing::info_span!(target: SPAN_TARGET, "canonicalize",
-        format = ep.label(), chunks = Empty, prompt_tokens = Empty, session_id = Empty,
-        otel.status_code = Empty);
-    let print = canon
-        .in_scope(|| fingerprint_json(ep, &body, &ctx.cfg.fingerprint))
-        .map_err(|e| {
-            canon.record("otel.status_code", "error");
-            match e {
-                CanonError::Json(_) => ApiError::bad_request("invalid_json", e.to_string()),
-                CanonError::TooManyValues { .. } => ApiError::too_many_values(e.to_string()),
-                _ => ApiError::bad_request("invalid_request", e.to_string()),
-            }
-        })?;
+    trace.set(|| vec![KeyValue::new("request.bytes", body.len() as i64)]);
+    let canon = trace.child("canonicalize", SpanKind::Internal, || {
+        vec![KeyValue::new("format", ep.label())]
+    });
+    let print = fingerprint_json(ep, &body, &ctx.cfg.fingerprint).map_err(|e| {
+        canon.fail(&e.to_string());
+        match e {
+            CanonError::Json(_) => ApiError::bad_request("invalid_json", e.to_string()),
+            CanonError::TooManyValues { .. } => ApiError::too_many_values(e.to_string()),
+            _ => ApiError::bad_request("invalid_request", e.to_string()),
+        }
+    })?;
     let fps = print.fingerprints;
-    if !canon.is_disabled() {
-        canon.record("chunks", fps.hashes.len() as i64);
-        canon.record("prompt_tokens", fps.total_tokens as i64);
-        canon.record("session_id", print.session_id.is_some());
-        request_span.record("gen_ai.request.model", print.model.as_str());
-    }
-    drop(canon);
+    canon.set(|| {
+        vec![
+            KeyValue::new("chunks", fps.hashes.len() as i64),
+            KeyValue::new("prompt_tokens", fps.total_tokens as i64),
+            KeyValue::new("session_id", print.session_id.is_some()),
+        ]
+    });
+    canon.end();
+    trace.set(|| vec![KeyValue::new("gen_ai.request.model", print.model.clone())]);
     let session = session_of(&parts.headers, print.session_id.as_deref());
-    let route_span = tracing::info_span!(target: SPAN_TARGET, "route",
-        policy = ?ctx.cfg.policy, candidates = Empty, rank = Empty, reason = Empty,
-        predicted_cached_tokens = Empty, cost = Empty, runner_up.rank = Empty,
-        runner_up.cost = Empty, session_hint = session.is_some(), view = Empty,
-        overlay.pending_routes = Empty, otel.status_code = Empty);
+    let route_trace = trace.child("route", SpanKind::Internal, Vec::new);
     // Snapshots are read and released before any await: their guards are per-thread slots.
     let (d, order) = {
         let topo = ctx.state.topology();
         let eligible: Vec<&Arc<RankState>> = topo.ranks.iter().filter(|r| r.eligible()).collect();
         if eligible.is_empty() {
-            route_span.record("otel.status_code", "error");
+            route_trace.fail("no eligible upstream");
             return Err(ApiError::no_upstream());
         }
         let cands: Vec<Candidate> = eligible.iter().map(|r| r.candidate()).collect();
@@ -261,23 +256,33 @@ pub async fn inference(
         let order: Vec<Arc<RankState>> = d.order.iter().map(|i| eligible[*i].clone()).collect();
         (d, order)
     };
-    if !route_span.is_disabled() {
+    route_trace.set(|| {
         let pending = ctx.state.pending_routes();
-        route_span.record("candidates", order.len() as i64);
-        route_span.record("rank", order[0].label_header.to_str().unwrap_or(""));
-        route_span.record("reason", d.reason.label());
-        route_span.record("predicted_cached_tokens", d.predicted_cached_tokens as i64);
+        let label = |r: &RankState| r.label.clone();
+        let mut kv = vec![
+            KeyValue::new(
+                "policy",
+                format!("{:?}", ctx.cfg.policy).to_ascii_lowercase(),
+            ),
+            KeyValue::new("candidates", order.len() as i64),
+            KeyValue::new("rank", label(&order[0])),
+            KeyValue::new("reason", d.reason.label()),
+            KeyValue::new("predicted_cached_tokens", d.predicted_cached_tokens as i64),
+            KeyValue::new("session_hint", session.is_some()),
+            // Whether this peer's own unapplied decisions were part of the view.
+            KeyValue::new("view", if pending > 0 { "overlay" } else { "applied" }),
+            KeyValue::new("overlay.pending_routes", pending as i64),
+        ];
         if let Some((cost, runner_up)) = d.costs {
-            route_span.record("cost", cost);
+            kv.push(KeyValue::new("cost", cost));
             if let (Some(c), Some(r)) = (runner_up, order.get(1)) {
-                route_span.record("runner_up.rank", r.label_header.to_str().unwrap_or(""));
-                route_span.record("runner_up.cost", c);
+                kv.push(KeyValue::new("runner_up.rank", label(r)));
+                kv.push(KeyValue::new("runner_up.cost", c));
             }
         }
-        route_span.record("view", if pending > 0 { "overlay" } else { "applied" });
-        route_span.record("overlay.pending_routes", pending as i64);
-    }
-    drop(route_span);
+        kv
+    });
+    route_trace.end();
     if matches!(
         d.reason,
         Reason::Cold | Reason::RoundRobin | Reason::Fallback | Reason::Load
@@ -302,6 +307,7 @@ pub async fn inference(
         &body,
         &order,
         started,
+        trace,
         Some((fps, session)),
         |rank| {
             let cached = if first { d.predicted_cached_tokens } else { 0 };
@@ -331,12 +337,14 @@ struct Plan {
 
 /// Sends to the ranks of `order` in turn until one answers. `record`: the prompt's
 /// fingerprints and session, remembered for the rank that answers with a success.
+#[allow(clippy::too_many_arguments)]
 async fn send_with_retries(
     ctx: &Arc<Ctx>,
     parts: &http::request::Parts,
     body: &Bytes,
     order: &[Arc<RankState>],
     started: Instant,
+    trace: &Trace,
     mut record: Option<(Fingerprints, Option<u64>)>,
     mut plan: impl FnMut(&RankState) -> Plan,
 ) -> Result<Response<RespBody>, ApiError> {
@@ -350,20 +358,22 @@ async fn send_with_retries(
             Some(dp) => with_dp_rank(body, dp),
             None => body.clone(),
         };
-        let attempt = tracing::info_span!(target: SPAN_TARGET, "upstream",
-            otel.kind = "client", attempt = i as i64 + 1, rank = Empty,
-            server.address = %up.url, reason = p.reason.label(),
-            predicted_cached_tokens = p.predicted_cached as i64, http.response.status_code = Empty,
-            head_ms = Empty, ttft_ms = Empty, outcome = Empty, otel.status_code = Empty);
+        let attempt = trace.child("upstream", SpanKind::Client, || {
+            vec![
+                KeyValue::new("attempt", i as i64 + 1),
+                KeyValue::new("rank", rank.label.clone()),
+                KeyValue::new("server.address", up.url.clone()),
+                KeyValue::new("reason", p.reason.label()),
+                KeyValue::new("predicted_cached_tokens", p.predicted_cached as i64),
+            ]
+        });
         let mut req = upstream_request(cfg, &ctx.id, parts, up, body)?;
-        if !attempt.is_disabled() {
-            attempt.record("rank", rank.label_header.to_str().unwrap_or(""));
-            // The engine's spans join this attempt's trace.
-            crate::telemetry::inject(&attempt.context(), req.headers_mut());
-        }
-        let failed = |outcome: &str| {
-            attempt.record("outcome", outcome);
-            attempt.record("otel.status_code", "error");
+        // The engine's spans join this attempt's trace.
+        attempt.inject(req.headers_mut());
+        let failed = |outcome: &'static str| {
+            attempt.set(|| vec![KeyValue::new("outcome", outcome)]);
+            attempt.fail(outcome);
+            attempt.end();
         };
         let guard = LoadGuard::new(rank.clone(), p.prefill);
         rank.requests.fetch_add(1, Relaxed);
@@ -375,14 +385,13 @@ async fn send_with_retries(
             up,
             more,
         )
-        .instrument(attempt.clone())
         .await;
         let (resp, lease) = match res {
             Wait::MarkedDown => {
                 failed("marked_down");
                 ctx.metrics.attempt_failed("marked_down", true);
                 last_err = format!("{} was marked down while the request waited", up.url);
-                tracing::info!(upstream = %up.url, "upstream marked down before the first byte; retrying elsewhere");
+                tracing::info!(trace_id = trace.trace_id().as_deref(), upstream = %up.url, "upstream marked down before the first byte; retrying elsewhere");
                 continue;
             }
             Wait::TimedOut => {
@@ -400,22 +409,24 @@ async fn send_with_retries(
                 ctx.metrics.attempt_failed(kind, more);
                 ctx.health.report(up, Seen::Failed);
                 last_err = format!("{}: {kind} error: {e}", up.url);
-                tracing::info!(upstream = %up.url, kind, error = %e, retry = more, "upstream attempt failed");
+                tracing::info!(trace_id = trace.trace_id().as_deref(), upstream = %up.url, kind, error = %e, retry = more, "upstream attempt failed");
                 continue;
             }
             Wait::Answered(Ok(r)) => r,
         };
         let status = resp.status();
-        if !attempt.is_disabled() {
-            attempt.record("http.response.status_code", i64::from(status.as_u16()));
-            attempt.record("head_ms", sent_at.elapsed().as_secs_f64() * 1e3);
-        }
+        attempt.set(|| {
+            vec![
+                KeyValue::new("http.response.status_code", i64::from(status.as_u16())),
+                KeyValue::new("head_ms", sent_at.elapsed().as_secs_f64() * 1e3),
+            ]
+        });
         if status == StatusCode::BAD_GATEWAY || status == StatusCode::SERVICE_UNAVAILABLE {
             failed("status_502_503");
             ctx.metrics.attempt_failed("status_502_503", more);
             ctx.health.report(up, Seen::Failed);
             last_err = format!("{} answered {status}", up.url);
-            tracing::info!(upstream = %up.url, %status, retry = more, "upstream refused");
+            tracing::info!(trace_id = trace.trace_id().as_deref(), upstream = %up.url, %status, retry = more, "upstream refused");
             continue;
         }
         ctx.health.report(
@@ -438,15 +449,29 @@ async fn send_with_retries(
                 });
             }
         }
-        attempt.record(
-            "outcome",
-            if status.is_success() {
-                "ok"
-            } else {
-                "answered"
+        attempt.set(|| {
+            vec![KeyValue::new(
+                "outcome",
+                if status.is_success() {
+                    "ok"
+                } else {
+                    "answered"
+                },
+            )]
+        });
+        return Ok(relay(
+            ctx,
+            resp,
+            lease,
+            guard,
+            started,
+            rank,
+            &p,
+            Spans {
+                request: trace.clone(),
+                attempt,
             },
-        );
-        return Ok(relay(ctx, resp, lease, guard, started, rank, &p, attempt));
+        ));
     }
     Err(ApiError::upstream_failed(format!(
         "all {attempts} upstream attempts failed; last: {last_err}"
@@ -549,7 +574,7 @@ fn relay(
     started: Instant,
     rank: &RankState,
     plan: &Plan,
-    attempt: tracing::Span,
+    spans: Spans,
 ) -> Response<RespBody> {
     let (mut parts, body) = resp.into_parts();
     let sse = parts
@@ -589,10 +614,7 @@ fn relay(
         ctx.metrics.clone(),
         started,
         plan.shape,
-        Spans {
-            request: tracing::Span::current(),
-            attempt,
-        },
+        spans,
     );
     Response::from_parts(parts, http_body_util::BodyExt::boxed_unsync(relay))
 }
@@ -601,6 +623,7 @@ fn relay(
 pub async fn passthrough(
     ctx: &Arc<Ctx>,
     req: Request<Incoming>,
+    trace: &Trace,
 ) -> Result<Response<RespBody>, ApiError> {
     let started = Instant::now();
     let (parts, body) = read_body(ctx, req).await?;
@@ -623,7 +646,7 @@ pub async fn passthrough(
     }
     ups.sort_by_key(|(load, r)| (*load, r.id));
     let order: Vec<Arc<RankState>> = ups.into_iter().map(|(_, r)| r).collect();
-    send_with_retries(ctx, &parts, &body, &order, started, None, |_| Plan {
+    send_with_retries(ctx, &parts, &body, &order, started, trace, None, |_| Plan {
         prefill: 0,
         reason: Reason::Load,
         predicted_cached: 0,

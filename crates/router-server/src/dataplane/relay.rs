@@ -5,8 +5,10 @@ use super::upstream::Lease;
 use crate::metrics::Metrics;
 use crate::response::{error_json, BoxError, ErrorShape};
 use crate::state::RankState;
+use crate::telemetry::Trace;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
+use opentelemetry::KeyValue;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
@@ -14,7 +16,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::time::Sleep;
-use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 /// One request's share of a rank's load: counted as queued prefill until the first byte,
 /// then as a running decode, and released when dropped (completion, error or disconnect).
@@ -200,15 +201,9 @@ pub struct RelayBody {
 /// The trace spans a relayed response ends: the request's and its upstream attempt's.
 pub struct Spans {
     /// The client's request.
-    pub request: tracing::Span,
+    pub request: Trace,
     /// The attempt that answered.
-    pub attempt: tracing::Span,
-}
-
-impl Spans {
-    fn traced(&self) -> bool {
-        !self.request.is_disabled()
-    }
+    pub attempt: Trace,
 }
 
 impl RelayBody {
@@ -242,7 +237,7 @@ impl RelayBody {
             first_seen: false,
             sse,
             shape,
-            spans: spans.traced().then_some(spans),
+            spans: spans.request.recording().then_some(spans),
             bytes: 0,
         }
     }
@@ -262,17 +257,23 @@ impl RelayBody {
         }
         // Dropping the spans ends them now rather than when hyper drops the body.
         if let Some(s) = self.spans.take() {
-            s.request.record("response.bytes", self.bytes as i64);
-            if let Some(u) = usage {
-                s.request.record("usage.prompt_tokens", u.prompt as i64);
-                s.request.record("usage.cached_tokens", u.cached as i64);
-                if let Some(c) = u.completion {
-                    s.request.record("usage.completion_tokens", c as i64);
+            let bytes = self.bytes;
+            s.request.set(|| {
+                let mut kv = vec![
+                    KeyValue::new("response.bytes", bytes as i64),
+                    KeyValue::new("stream.end", if ok { "complete" } else { "failed" }),
+                ];
+                if let Some(u) = usage {
+                    kv.push(KeyValue::new("usage.prompt_tokens", u.prompt as i64));
+                    kv.push(KeyValue::new("usage.cached_tokens", u.cached as i64));
+                    if let Some(c) = u.completion {
+                        kv.push(KeyValue::new("usage.completion_tokens", c as i64));
+                    }
                 }
-            }
-            if ok {
-                s.request.record("stream.end", "complete");
-            }
+                kv
+            });
+            s.attempt.end();
+            s.request.end();
         }
     }
 
@@ -285,9 +286,9 @@ impl RelayBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         self.metrics.stream_error(code);
         if let Some(s) = &self.spans {
-            for span in [&s.request, &s.attempt] {
-                span.record("stream.end", code);
-                span.record("otel.status_code", "error");
+            for t in [&s.request, &s.attempt] {
+                t.set(|| vec![KeyValue::new("stream.error", code)]);
+                t.fail(&message);
             }
         }
         let upstream = self.guard.as_ref().map(|g| g.rank.upstream.url.clone());
@@ -327,9 +328,9 @@ impl Body for RelayBody {
                         this.metrics.observe_ttft(ttft);
                         if let Some(s) = &this.spans {
                             let ms = ttft.as_secs_f64() * 1e3;
-                            s.request.record("ttft_ms", ms);
-                            s.attempt.record("ttft_ms", ms);
-                            s.attempt.add_event("first_byte", Vec::new());
+                            s.request.set(|| vec![KeyValue::new("ttft_ms", ms)]);
+                            s.attempt.set(|| vec![KeyValue::new("ttft_ms", ms)]);
+                            s.attempt.event("first_byte");
                         }
                     }
                     this.bytes += d.len() as u64;

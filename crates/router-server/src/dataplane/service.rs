@@ -8,14 +8,12 @@ use crate::admin::{self, handle_http, is_admin, AdminError, AdminHttp};
 use crate::identity::{self, Loop};
 use crate::metrics::Route;
 use crate::response::{ApiError, ErrorShape, RespBody};
-use crate::telemetry::SPAN_TARGET;
+use crate::telemetry::Trace;
 use http::{header, HeaderMap, Method, Request, Response};
 use hyper::body::Incoming;
+use opentelemetry::KeyValue;
 use router_core::{ct_eq, Endpoint};
 use std::sync::Arc;
-use tracing::field::Empty;
-use tracing::Instrument;
-use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 /// Entry point for every client request.
 pub async fn handle(
@@ -41,52 +39,59 @@ pub async fn handle(
     } else {
         ErrorShape::OpenAi
     };
-    let span = if route.is_inference() && !metrics_only {
-        request_span(&req, &path)
+    let trace = if route.is_inference() && !metrics_only {
+        Trace::request(req.headers(), || {
+            vec![
+                KeyValue::new("http.request.method", method_name(req.method())),
+                KeyValue::new("http.route", route_name(route, &path)),
+            ]
+        })
     } else {
-        tracing::Span::none()
+        Trace::default()
     };
-    let resp = match dispatch(&ctx, req, route, &path, metrics_only)
-        .instrument(span.clone())
-        .await
-    {
+    let resp = match dispatch(&ctx, req, route, &path, metrics_only, &trace).await {
         Ok(r) => r,
         Err(e) => {
-            span.record("error.type", e.code);
-            span.record("otel.status_code", "error");
-            // In the request's span: a JSON log line names the trace.
-            span.in_scope(|| {
-                if e.status.is_server_error() {
-                    tracing::warn!(%path, status = e.status.as_u16(), error = %e.message, "request failed");
-                } else {
-                    tracing::debug!(%path, status = e.status.as_u16(), error = %e.message, "request rejected");
-                }
-            });
+            trace.set(|| vec![KeyValue::new("error.type", e.code)]);
+            trace.fail(&e.message);
+            // A log line inside a traced request names its trace.
+            let (trace_id, span_id) = (trace.trace_id(), trace.span_id());
+            if e.status.is_server_error() {
+                tracing::warn!(%path, status = e.status.as_u16(), error = %e.message, trace_id, span_id, "request failed");
+            } else {
+                tracing::debug!(%path, status = e.status.as_u16(), error = %e.message, trace_id, span_id, "request rejected");
+            }
             e.into_response(shape)
         }
     };
     ctx.metrics.request(route, resp.status().as_u16());
-    span.record(
-        "http.response.status_code",
-        i64::from(resp.status().as_u16()),
-    );
+    trace.set(|| {
+        vec![KeyValue::new(
+            "http.response.status_code",
+            i64::from(resp.status().as_u16()),
+        )]
+    });
     resp
 }
 
-/// The trace span of one inference request, a child of the client's `traceparent` when it
-/// sends one. Disabled (and free) when tracing is off.
-fn request_span(req: &Request<Incoming>, path: &str) -> tracing::Span {
-    let span = tracing::info_span!(target: SPAN_TARGET, "request",
-        otel.kind = "server", http.request.method = %req.method(), http.route = path,
-        http.response.status_code = Empty, gen_ai.request.model = Empty,
-        request.bytes = Empty, response.bytes = Empty, ttft_ms = Empty,
-        usage.prompt_tokens = Empty, usage.cached_tokens = Empty,
-        usage.completion_tokens = Empty, stream.end = Empty, error.type = Empty,
-        otel.status_code = Empty);
-    if !span.is_disabled() {
-        let _ = span.set_parent(crate::telemetry::extract(req.headers()));
+/// The method as a trace attribute (the common ones without a copy).
+fn method_name(m: &Method) -> opentelemetry::Value {
+    match *m {
+        Method::POST => "POST".into(),
+        Method::GET => "GET".into(),
+        _ => m.as_str().to_owned().into(),
     }
-    span
+}
+
+/// The path as a trace attribute (the inference paths without a copy).
+fn route_name(route: Route, path: &str) -> opentelemetry::Value {
+    match route {
+        Route::Chat => "/v1/chat/completions".into(),
+        Route::Completions => "/v1/completions".into(),
+        Route::Responses => "/v1/responses".into(),
+        Route::Messages => "/v1/messages".into(),
+        _ => path.to_owned().into(),
+    }
 }
 
 async fn dispatch(
@@ -95,6 +100,7 @@ async fn dispatch(
     route: Route,
     path: &str,
     metrics_only: bool,
+    trace: &Trace,
 ) -> Result<Response<RespBody>, ApiError> {
     check_header_size(req.headers(), req.uri(), ctx.cfg.limits.max_header_bytes)?;
     match route {
@@ -131,7 +137,7 @@ async fn dispatch(
                 return Err(ApiError::method_not_allowed(req.method(), path, "POST"));
             }
             let ep = Endpoint::from_path(path).ok_or_else(|| ApiError::not_found(path))?;
-            proxy::inference(ctx, req, ep).await
+            proxy::inference(ctx, req, ep, trace).await
         }
         Route::Models => {
             if req.method() != Method::GET {
@@ -139,7 +145,7 @@ async fn dispatch(
             }
             endpoints::models(ctx).await
         }
-        Route::Passthrough => proxy::passthrough(ctx, req).await,
+        Route::Passthrough => proxy::passthrough(ctx, req, trace).await,
         _ => Err(ApiError::not_found(path)),
     }
 }

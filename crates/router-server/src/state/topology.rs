@@ -90,6 +90,8 @@ pub struct RankState {
     /// `x-router-rank` response header: `url`, or `url#dp` for one rank of a multi-rank
     /// server.
     pub label_header: HeaderValue,
+    /// The same label, shared by trace attributes without a copy.
+    pub label: Arc<str>,
 }
 
 impl RankState {
@@ -107,6 +109,7 @@ impl RankState {
             id,
             key: xxh3_64(format!("{}#{d}", upstream.url).as_bytes()),
             label_header: HeaderValue::from_str(&label).unwrap_or(HeaderValue::from_static("")),
+            label: Arc::from(label.as_str()),
             upstream,
             dp_rank,
             weight_bits: AtomicU64::new(weight.to_bits()),
