@@ -10,6 +10,7 @@ mod errors;
 mod failures;
 mod limits;
 mod persistence;
+mod prometheus;
 mod routing;
 mod security;
 mod streaming;
