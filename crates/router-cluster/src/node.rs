@@ -768,6 +768,15 @@ impl ClusterNode {
         (st.last_applied.map_or(0, |l| l.index), st.machine.digest())
     }
 
+    /// Tokens the applied cache model believes each of `ranks` holds.
+    pub async fn rank_tokens(&self, ranks: &[u32]) -> Vec<u64> {
+        let st = self.sm.state.read().await;
+        ranks
+            .iter()
+            .map(|r| st.machine.model().rank_tokens(*r))
+            .collect()
+    }
+
     /// Digest of the applied state.
     pub async fn digest(&self) -> u64 {
         self.sm.state.read().await.machine.digest()

@@ -200,6 +200,15 @@ impl Metrics {
         self.requests[i][(status as usize).min(STATUS_SLOTS - 1)].fetch_add(1, Relaxed);
     }
 
+    /// Routing decisions so far, by reason.
+    pub fn decision_counts(&self) -> Vec<(&'static str, u64)> {
+        Reason::ALL
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.label(), self.decisions[i].load(Relaxed)))
+            .collect()
+    }
+
     /// Counts a routing decision.
     pub fn decision(&self, reason: Reason, predicted_cached: u64, prompt_tokens: u64) {
         let i = Reason::ALL.iter().position(|r| *r == reason).unwrap_or(0);

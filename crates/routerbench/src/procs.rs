@@ -13,6 +13,19 @@ pub struct Proc {
 
 impl Drop for Proc {
     fn drop(&mut self) {
+        // SIGTERM first: nginx's master then stops its workers (killed outright, it leaves
+        // them running); whatever has not exited within 2 s is killed.
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

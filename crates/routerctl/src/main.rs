@@ -3,6 +3,7 @@
 
 mod certs;
 mod probe;
+mod top;
 
 use clap::{Parser, Subcommand};
 use router_proto::v1::admin_client::AdminClient;
@@ -82,6 +83,17 @@ enum Cmd {
     Servers,
     /// Leader, term, indexes per peer, servers, map size.
     Status,
+    /// Live view of this peer's ranks (health, drain, in-flight prefill and decodes,
+    /// requests/s, cached share, modelled cache fill), its routing decisions per second by
+    /// reason, and every peer's role, term, commit/applied index and lag.
+    Top {
+        /// Print one frame (rates over one interval) and exit.
+        #[arg(long)]
+        once: bool,
+        /// Refresh interval in milliseconds.
+        #[arg(long, default_value_t = 1000)]
+        interval_ms: u64,
+    },
     /// The decision this router would make for a request body now (not forwarded): the
     /// prompt's fingerprint chain, each rank's predicted cached tokens, load and cost, the
     /// winner and why.
@@ -399,6 +411,30 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 );
             } else {
                 print_status(&me, &per_peer);
+            }
+        }
+        Cmd::Top { once, interval_ms } => {
+            let every = Duration::from_millis(interval_ms.max(100));
+            let mut prev = top::read(&mut c, &conn)
+                .await
+                .map_err(|e| anyhow::anyhow!("{}: {e}", cli.router))?;
+            loop {
+                tokio::time::sleep(every).await;
+                let cur = top::read(&mut c, &conn)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", cli.router))?;
+                if cli.json {
+                    println!("{}", top::json(&prev, &cur));
+                } else if once {
+                    print!("{}", top::text(&prev, &cur));
+                } else {
+                    // Clear the screen and draw the frame from the top left.
+                    print!("\x1b[2J\x1b[H{}", top::text(&prev, &cur));
+                }
+                if once {
+                    break;
+                }
+                prev = cur;
             }
         }
         Cmd::Peers { cmd } => {

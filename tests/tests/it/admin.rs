@@ -513,3 +513,95 @@ async fn explain_shows_the_decision_for_the_next_turn_without_sending_it() {
     assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
     assert_eq!(engines.iter().map(FakeEngine::count).sum::<usize>(), sent);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_shows_each_rank_the_decisions_and_every_peer() {
+    let engines = fleet(3).await;
+    let (http, raft) = Cluster::addresses(3);
+    let upstreams: String = engines
+        .iter()
+        .map(|e| format!("[[upstreams]]\nurl = \"{}\"\n", e.url()))
+        .collect();
+    let c = Cluster::start(http, raft, &upstreams, "").await;
+    c.wait_formed(3, 30).await;
+    let ctl = Ctl {
+        router: format!("http://{}/", c.raft[0]),
+        ca: None,
+    };
+    // Turns through peer 1 while `top` measures it: its rates are over this traffic.
+    let traffic = async {
+        let mut conv = Conversation::new(77, 4000);
+        for _ in 0..8 {
+            let r = turn(&c, 0, &conv, &[]).await;
+            assert_eq!(r.status, 200);
+            conv.advance("ok", 500);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let (json_out, ()) = tokio::join!(
+        ctl.ok(&["top", "--once", "--json", "--interval-ms", "1500"]),
+        traffic
+    );
+    let v: serde_json::Value = serde_json::from_str(&json_out).unwrap();
+    eprintln!("{v:#}");
+    assert_eq!(v["node_id"], 1, "{v}");
+    assert!(v["decisions_per_s"].as_f64().unwrap() > 0.0, "{v}");
+    let by = v["decisions_by_reason_per_s"].as_object().unwrap();
+    assert!(
+        by.contains_key("prefix_hit") && by.contains_key("load"),
+        "{v}"
+    );
+    let ranks = v["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 3, "{v}");
+    for e in &engines {
+        let r = ranks
+            .iter()
+            .find(|r| r["url"] == e.url().as_str())
+            .unwrap_or_else(|| panic!("no rank for {}: {v}", e.url()));
+        assert_eq!(r["up"], true, "{r}");
+        assert_eq!(r["draining"], false, "{r}");
+        assert!(r["capacity_tokens"].as_u64().unwrap() > 0, "{r}");
+    }
+    // The conversation stayed on one rank: it served the turns, reported its cached share
+    // (the fake engine reports half of each prompt cached) and the model holds its prefix.
+    let busy: Vec<&serde_json::Value> = ranks
+        .iter()
+        .filter(|r| r["requests"].as_u64().unwrap() > 0)
+        .collect();
+    assert_eq!(busy.len(), 1, "{v}");
+    assert!(busy[0]["requests_per_s"].as_f64().unwrap() > 0.0, "{v}");
+    let share = busy[0]["cached_share"].as_f64().unwrap();
+    assert!((0.4..=0.6).contains(&share), "{v}");
+    assert!(busy[0]["model_tokens"].as_u64().unwrap() > 1000, "{v}");
+    assert!(busy[0]["cache_fill"].as_f64().unwrap() > 0.0, "{v}");
+    let peers = v["peers"].as_array().unwrap();
+    assert_eq!(peers.len(), 3, "{v}");
+    assert_eq!(
+        peers.iter().filter(|p| p["role"] == "Leader").count(),
+        1,
+        "{v}"
+    );
+    for p in peers {
+        assert!(p["term"].as_u64().unwrap() >= 1, "{p}");
+        assert!(p["applied_index"].as_u64().unwrap() >= 1, "{p}");
+        assert!(p["lag"].as_u64().unwrap() < 50, "{p}");
+    }
+
+    // The table for people: every rank, the decision split, every peer.
+    let text = ctl.ok(&["top", "--once", "--interval-ms", "300"]).await;
+    eprintln!("{text}");
+    assert!(text.contains("decisions"), "{text}");
+    for e in &engines {
+        assert!(text.contains(&e.url()), "{text}");
+    }
+    for id in ["1", "2", "3"] {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(id) && l.contains("Leader")
+                    || l.starts_with(id) && l.contains("Follower")),
+            "peer {id} missing:\n{text}"
+        );
+    }
+    let (ok, _, err) = ctl.run(None, &["top", "--once"]).await;
+    assert!(!ok && err.contains("token"), "{err}");
+}

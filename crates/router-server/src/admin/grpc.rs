@@ -17,8 +17,10 @@ use router_proto::v1::admin_client::AdminClient;
 use router_proto::v1::admin_server::Admin;
 use router_proto::v1::{
     AddPeerRequest, AdminReply, DrainRequest, Empty, ExplainReply, ExplainRequest, JoinRequest,
-    PeerInfo, PeerStatusRequest, RemovePeerRequest, ServerRequest, ServersReply, StatusReply,
+    PeerInfo, PeerStatusRequest, RankTop, ReasonCount, RemovePeerRequest, ServerRequest,
+    ServersReply, StatusReply, TopReply,
 };
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 use tonic::{Request, Response, Status};
@@ -349,6 +351,55 @@ impl Admin for AdminService {
         let v = super::explain::decision(&*self.state, &self.cfg, ep, &r.body, sid)?;
         Ok(Response::new(ExplainReply {
             json: v.to_string(),
+        }))
+    }
+
+    async fn top(&self, req: Request<Empty>) -> Result<Response<TopReply>, Status> {
+        self.auth(&req)?;
+        let topo = self.state.topology();
+        let mut ranks: Vec<RankTop> = topo
+            .ranks
+            .iter()
+            .map(|r| RankTop {
+                label: r.label.to_string(),
+                url: r.upstream.url.to_string(),
+                rank_id: r.id,
+                up: r.upstream.up.load(Relaxed),
+                draining: !r.upstream.accepting.load(Relaxed),
+                inflight: r.inflight.load(Relaxed),
+                queued_prefill_tokens: r.queued_prefill.load(Relaxed),
+                decodes: r.decodes.load(Relaxed),
+                requests: r.requests.load(Relaxed),
+                prompt_tokens: r.usage_prompt_tokens.load(Relaxed),
+                cached_tokens: r.usage_cached_tokens.load(Relaxed),
+                model_tokens: 0,
+                capacity_tokens: r.capacity(),
+            })
+            .collect();
+        drop(topo);
+        let ids: Vec<u32> = ranks.iter().map(|r| r.rank_id).collect();
+        for (r, t) in ranks
+            .iter_mut()
+            .zip(self.state.node().rank_tokens(&ids).await)
+        {
+            r.model_tokens = t;
+        }
+        Ok(Response::new(TopReply {
+            node_id: self.state.node().id,
+            ranks,
+            decisions: self
+                .state
+                .metrics()
+                .decision_counts()
+                .into_iter()
+                .map(|(reason, decisions)| ReasonCount {
+                    reason: reason.to_owned(),
+                    decisions,
+                })
+                .collect(),
+            at_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
         }))
     }
 

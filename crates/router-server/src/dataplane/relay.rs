@@ -244,7 +244,8 @@ impl RelayBody {
 
     fn end(&mut self, ok: bool) {
         self.state = State::Done;
-        self.guard = None;
+        // Released when this returns.
+        let guard = self.guard.take();
         if let Some(l) = self.lease.take() {
             if ok {
                 l.release();
@@ -254,6 +255,10 @@ impl RelayBody {
         let usage = if ok { self.scan.finish() } else { None };
         if let Some(u) = usage {
             self.metrics.observe_usage(u.prompt, u.cached);
+            if let Some(g) = &guard {
+                g.rank.usage_prompt_tokens.fetch_add(u.prompt, Relaxed);
+                g.rank.usage_cached_tokens.fetch_add(u.cached, Relaxed);
+            }
         }
         // Dropping the spans ends them now rather than when hyper drops the body.
         if let Some(s) = self.spans.take() {

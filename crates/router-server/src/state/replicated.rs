@@ -204,6 +204,11 @@ impl ClusterState {
         &self.node
     }
 
+    /// The data plane's counters.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
     /// Raft status with the state digest. The digest walks the state under the state
     /// machine's read lock (apply waits meanwhile), so it is computed here, on request,
     /// and never per applied batch.

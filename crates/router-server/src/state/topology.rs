@@ -87,6 +87,10 @@ pub struct RankState {
     pub inflight: AtomicU64,
     /// Requests sent here.
     pub requests: AtomicU64,
+    /// Prompt tokens of the responses from here, as the engine reported them.
+    pub usage_prompt_tokens: AtomicU64,
+    /// Of them, served from the engine's prefix cache.
+    pub usage_cached_tokens: AtomicU64,
     /// `x-router-rank` response header: `url`, or `url#dp` for one rank of a multi-rank
     /// server.
     pub label_header: HeaderValue,
@@ -120,6 +124,8 @@ impl RankState {
             remote_decodes: AtomicU64::new(0),
             inflight: AtomicU64::new(0),
             requests: AtomicU64::new(0),
+            usage_prompt_tokens: AtomicU64::new(0),
+            usage_cached_tokens: AtomicU64::new(0),
         }
     }
 
