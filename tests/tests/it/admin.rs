@@ -587,10 +587,25 @@ async fn top_shows_each_rank_the_decisions_and_every_peer() {
         assert!(p["lag"].as_u64().unwrap() < 50, "{p}");
     }
 
-    // The table for people: every rank, the decision split, every peer.
-    let text = ctl.ok(&["top", "--once", "--interval-ms", "300"]).await;
+    // The table for people, over more turns: every rank, the decision split, every peer.
+    let traffic = async {
+        let mut conv = Conversation::new(78, 4000);
+        for _ in 0..6 {
+            assert_eq!(turn(&c, 0, &conv, &[]).await.status, 200);
+            conv.advance("ok", 500);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let (text, ()) = tokio::join!(ctl.ok(&["top", "--once", "--interval-ms", "1000"]), traffic);
     eprintln!("{text}");
-    assert!(text.contains("decisions"), "{text}");
+    let decisions = text
+        .lines()
+        .find(|l| l.starts_with("decisions "))
+        .unwrap_or("");
+    assert!(
+        decisions.contains("prefix_hit") && !decisions.starts_with("decisions 0.0/s"),
+        "{text}"
+    );
     for e in &engines {
         assert!(text.contains(&e.url()), "{text}");
     }
