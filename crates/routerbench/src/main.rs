@@ -4,6 +4,7 @@ mod canonbench;
 mod cluster;
 mod compare;
 mod fleet;
+mod metricsbench;
 mod procs;
 mod proxy;
 mod raftbench;
@@ -37,6 +38,8 @@ enum Cmd {
     Raft(raftbench::RaftArgs),
     /// CPU cost of canonicalizing and fingerprinting one request body.
     Canon(canonbench::CanonArgs),
+    /// Metric updates per request: the router's lock-free writer vs prometheus-client.
+    Metrics(metricsbench::MetricsArgs),
     /// Print the addresses a name resolves to (checks DNS round-robin from a container).
     Resolve(ResolveArgs),
 }
@@ -220,6 +223,9 @@ async fn main() -> anyhow::Result<()> {
         }
         Cmd::Canon(c) => {
             canonbench::run(c)?;
+        }
+        Cmd::Metrics(m) => {
+            metricsbench::run(m)?;
         }
         Cmd::Resolve(r) => {
             let mut seen = std::collections::BTreeSet::new();

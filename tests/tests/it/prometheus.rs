@@ -155,6 +155,14 @@ async fn prometheus_scrapes_the_router_and_promtool_accepts_the_exposition() {
         log: dir.path("prometheus.log"),
     };
     wait_http(prom, &prom_proc).await;
+    // It listens before its storage is open; queries answer 503 until it is ready.
+    wait_until("Prometheus is ready", 60, async || {
+        send("GET", &format!("http://{prom}/-/ready"), "", &[])
+            .await
+            .status
+            == 200
+    })
+    .await;
     let mut up = Vec::new();
     for _ in 0..150 {
         up = query(prom, "up{job=\"router\"}").await;

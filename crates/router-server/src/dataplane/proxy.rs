@@ -391,7 +391,7 @@ async fn send_with_retries(
                 failed("marked_down");
                 ctx.metrics.attempt_failed("marked_down", true);
                 last_err = format!("{} was marked down while the request waited", up.url);
-                tracing::info!(trace_id = trace.trace_id().as_deref(), upstream = %up.url, "upstream marked down before the first byte; retrying elsewhere");
+                tracing::info!(trace_id = attempt.trace_id().as_deref(), span_id = attempt.span_id().as_deref(), upstream = %up.url, "upstream marked down before the first byte; retrying elsewhere");
                 continue;
             }
             Wait::TimedOut => {
@@ -409,7 +409,7 @@ async fn send_with_retries(
                 ctx.metrics.attempt_failed(kind, more);
                 ctx.health.report(up, Seen::Failed);
                 last_err = format!("{}: {kind} error: {e}", up.url);
-                tracing::info!(trace_id = trace.trace_id().as_deref(), upstream = %up.url, kind, error = %e, retry = more, "upstream attempt failed");
+                tracing::info!(trace_id = attempt.trace_id().as_deref(), span_id = attempt.span_id().as_deref(), upstream = %up.url, kind, error = %e, retry = more, "upstream attempt failed");
                 continue;
             }
             Wait::Answered(Ok(r)) => r,
@@ -426,7 +426,7 @@ async fn send_with_retries(
             ctx.metrics.attempt_failed("status_502_503", more);
             ctx.health.report(up, Seen::Failed);
             last_err = format!("{} answered {status}", up.url);
-            tracing::info!(trace_id = trace.trace_id().as_deref(), upstream = %up.url, %status, retry = more, "upstream refused");
+            tracing::info!(trace_id = attempt.trace_id().as_deref(), span_id = attempt.span_id().as_deref(), upstream = %up.url, %status, retry = more, "upstream refused");
             continue;
         }
         ctx.health.report(

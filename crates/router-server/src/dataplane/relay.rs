@@ -297,7 +297,17 @@ impl RelayBody {
             }
         }
         let upstream = self.guard.as_ref().map(|g| g.rank.upstream.url.clone());
-        tracing::warn!(upstream = upstream.as_deref().unwrap_or("?"), code, %message, "upstream stream failed after first byte");
+        let (trace_id, span_id) = self.spans.as_ref().map_or((None, None), |s| {
+            (s.attempt.trace_id(), s.attempt.span_id())
+        });
+        tracing::warn!(
+            upstream = upstream.as_deref().unwrap_or("?"),
+            code,
+            %message,
+            trace_id,
+            span_id,
+            "upstream stream failed after first byte"
+        );
         self.end(false);
         if self.sse {
             let err = error_json(self.shape, &message, "upstream_error", code, "api_error");
