@@ -331,6 +331,9 @@ pub struct TracingConfig {
     pub queue_spans: usize,
     /// Longest wait for one export call.
     pub export_timeout_ms: u64,
+    /// CA certificate (PEM) that signed an `https://` collector's certificate; without it
+    /// the public web PKI roots are trusted.
+    pub ca: Option<PathBuf>,
 }
 
 impl Default for TracingConfig {
@@ -342,6 +345,7 @@ impl Default for TracingConfig {
             headers: BTreeMap::new(),
             queue_spans: 8192,
             export_timeout_ms: 5000,
+            ca: None,
         }
     }
 }
@@ -650,6 +654,27 @@ impl Config {
                 ));
             }
         }
+        if let Some(ca) = &tr.ca {
+            if !tr
+                .otlp_endpoint
+                .as_deref()
+                .is_some_and(|e| e.starts_with("https://"))
+            {
+                return bad(
+                    "tracing.ca is set but tracing.otlp_endpoint is not an https:// URL".into(),
+                );
+            }
+            match std::fs::read(ca) {
+                Ok(pem) if String::from_utf8_lossy(&pem).contains("BEGIN CERTIFICATE") => {}
+                Ok(_) => {
+                    return bad(format!(
+                        "tracing.ca {}: no PEM certificate in it",
+                        ca.display()
+                    ))
+                }
+                Err(e) => return bad(format!("tracing.ca {}: {e}", ca.display())),
+            }
+        }
         for (k, v) in &tr.headers {
             if http::HeaderName::from_bytes(k.as_bytes()).is_err()
                 || http::HeaderValue::from_str(v).is_err()
@@ -774,6 +799,14 @@ mod tests {
             assert!(load(&[bad], None, Overrides::default()).is_err(), "{bad:?}");
         }
         assert!(Config::default().tracing.otlp_endpoint.is_none());
+        // A CA for the collector needs an https endpoint and a readable PEM file.
+        for toml in [
+            "[tracing]\notlp_endpoint = \"http://c:4317\"\nca = \"/etc/hostname\"",
+            "[tracing]\notlp_endpoint = \"https://c:4317\"\nca = \"/nonexistent/ca.pem\"",
+            "[tracing]\notlp_endpoint = \"https://c:4317\"\nca = \"/etc/hostname\"",
+        ] {
+            assert!(Config::from_toml_str(toml).is_err(), "{toml}");
+        }
     }
 
     #[test]

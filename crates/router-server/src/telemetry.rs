@@ -285,6 +285,7 @@ fn provider(endpoint: &str, tr: &TracingConfig) -> SdkTracerProvider {
     let (tx, rx) = sync_channel(tr.queue_spans);
     let export = ExportSetup {
         endpoint: endpoint.to_owned(),
+        ca: tr.ca.clone(),
         headers: tr.headers.clone(),
         timeout: Duration::from_millis(tr.export_timeout_ms),
         resource: resource.clone(),
@@ -412,6 +413,7 @@ fn flush(tx: &SyncSender<Msg>, timeout: Duration) -> OTelSdkResult {
 
 struct ExportSetup {
     endpoint: String,
+    ca: Option<std::path::PathBuf>,
     headers: std::collections::BTreeMap<String, String>,
     timeout: Duration,
     resource: Resource,
@@ -455,12 +457,21 @@ fn export_loop(rx: Receiver<Msg>, setup: ExportSetup) {
                 md.insert(k, v);
             }
         }
-        opentelemetry_otlp::SpanExporter::builder()
+        let mut b = opentelemetry_otlp::SpanExporter::builder()
             .with_tonic()
             .with_endpoint(setup.endpoint.clone())
             .with_timeout(setup.timeout)
-            .with_metadata(md)
-            .build()
+            .with_metadata(md);
+        if setup.endpoint.starts_with("https://") {
+            // The collector's own CA when given (checked by the config), else the web PKI.
+            let tls = tonic::transport::ClientTlsConfig::new();
+            let tls = match setup.ca.as_ref().and_then(|p| std::fs::read(p).ok()) {
+                Some(pem) => tls.ca_certificate(tonic::transport::Certificate::from_pem(pem)),
+                None => tls.with_webpki_roots(),
+            };
+            b = b.with_tls_config(tls);
+        }
+        b.build()
     });
     let mut exporter = match built {
         Ok(e) => e,

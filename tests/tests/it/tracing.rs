@@ -52,16 +52,27 @@ impl TraceService for Receiver {
 }
 
 async fn start_receiver() -> (SocketAddr, Receiver) {
+    start_receiver_tls(None).await
+}
+
+/// A receiver, over TLS with `identity` (certificate and key PEM) when given.
+async fn start_receiver_tls(identity: Option<(Vec<u8>, Vec<u8>)>) -> (SocketAddr, Receiver) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let r = Receiver::default();
     let svc = TraceServiceServer::new(r.clone());
+    let mut server = tonic::transport::Server::builder();
+    if let Some((cert, key)) = identity {
+        server = server
+            .tls_config(
+                tonic::transport::ServerTlsConfig::new()
+                    .identity(tonic::transport::Identity::from_pem(cert, key)),
+            )
+            .unwrap();
+    }
     tokio::spawn(async move {
         let incoming = tokio_stream_of(listener);
-        let _ = tonic::transport::Server::builder()
-            .add_service(svc)
-            .serve_with_incoming(incoming)
-            .await;
+        let _ = server.add_service(svc).serve_with_incoming(incoming).await;
     });
     (addr, r)
 }
@@ -331,6 +342,56 @@ async fn with_the_collector_down_requests_succeed_and_dropped_spans_are_counted(
         router.log()
     );
     assert_eq!(metric(addr, "router_trace_spans_exported_total").await, 0.0);
+    drop(router);
+    drop(engine);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_reach_a_collector_over_tls_that_the_configured_ca_vouches_for() {
+    let dir = TempDir::new("tracing-tls");
+    let pki = router_tests::cluster::Pki::generate(&dir, "otlp", &["127.0.0.1:0".parse().unwrap()]);
+    let (otlp, receiver) = start_receiver_tls(Some((
+        std::fs::read(&pki.cert).unwrap(),
+        std::fs::read(&pki.key).unwrap(),
+    )))
+    .await;
+    let port = free_addr();
+    let engine = enginesim(&dir, port);
+    wait_http(port, &engine).await;
+    let addr = free_addr();
+    let toml = format!(
+        "listen = \"{addr}\"\n[tracing]\notlp_endpoint = \"https://{otlp}\"\nca = \"{}\"\n\
+         [[upstreams]]\nurl = \"http://{port}\"\n",
+        pki.ca.display()
+    );
+    let router = start_router(&dir, &toml, &[], addr).await;
+    let conv = Conversation::new(13, 2000);
+    let r = post(
+        &format!("http://{addr}/v1/chat/completions"),
+        &conv.body("sim", false),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let mut names = Vec::new();
+    for _ in 0..100 {
+        names = receiver
+            .spans
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, s)| s.name.clone())
+            .collect();
+        if names.iter().any(|n| n == "upstream") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        names.iter().any(|n| n == "request") && names.iter().any(|n| n == "upstream"),
+        "spans over TLS: {names:?}\n{}",
+        router.log()
+    );
     drop(router);
     drop(engine);
 }
