@@ -221,6 +221,22 @@ async fn collector() -> anyhow::Result<(SocketAddr, Collector)> {
     Ok((addr, c))
 }
 
+/// Spans the router dropped, for any reason.
+async fn dropped(c: &C, port: u16) -> f64 {
+    scrape(
+        c,
+        port,
+        "router_trace_spans_dropped_total{reason=\"queue_full\"}",
+    )
+    .await
+        + scrape(
+            c,
+            port,
+            "router_trace_spans_dropped_total{reason=\"export_failed\"}",
+        )
+        .await
+}
+
 /// Reads one sample of the router's `/metrics` (0 when absent).
 async fn scrape(c: &C, port: u16, name: &str) -> f64 {
     let Ok(req) = http::Request::get(format!("http://127.0.0.1:{port}/metrics"))
@@ -319,18 +335,7 @@ pub async fn run(a: ProxyArgs) -> anyhow::Result<serde_json::Value> {
         tokio::time::sleep(Duration::from_millis(500)).await;
         traced_sequential = (
             scrape(&client, *port, "router_trace_spans_exported_total").await,
-            scrape(
-                &client,
-                *port,
-                "router_trace_spans_dropped_total{reason=\"queue_full\"}",
-            )
-            .await
-                + scrape(
-                    &client,
-                    *port,
-                    "router_trace_spans_dropped_total{reason=\"export_failed\"}",
-                )
-                .await,
+            dropped(&client, *port).await,
         );
     }
     // Throughput: 40 KB prompts, `concurrency` clients for a fixed time per target.
@@ -382,18 +387,7 @@ pub async fn run(a: ProxyArgs) -> anyhow::Result<serde_json::Value> {
     if let Some((t, port, c)) = &traced_at {
         // Spans still queued go out within the export interval.
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let dropped = scrape(
-            &client,
-            *port,
-            "router_trace_spans_dropped_total{reason=\"queue_full\"}",
-        )
-        .await
-            + scrape(
-                &client,
-                *port,
-                "router_trace_spans_dropped_total{reason=\"export_failed\"}",
-            )
-            .await;
+        let dropped = dropped(&client, *port).await;
         let exported = scrape(&client, *port, "router_trace_spans_exported_total").await;
         let shed = scrape(&client, *port, "router_trace_traces_shed_total").await;
         println!(

@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 use router_proto::v1::admin_client::AdminClient;
 use router_proto::v1::{
     AddPeerRequest, AdminReply, DrainRequest, Empty, ExplainRequest, JoinRequest,
-    PeerStatusRequest, RemovePeerRequest, ServerInfo, ServerRequest, StatusReply,
+    RemovePeerRequest, ServerInfo, ServerRequest, StatusReply,
 };
 use serde_json::json;
 use std::path::PathBuf;
@@ -374,21 +374,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .await
                 .map_err(|s| status_error(&cli.router, s))?
                 .into_inner();
-            // Every peer's own view of its indexes, asked through the peer answering here
-            // (peer addresses may resolve only on the peers' network); an unreachable peer
-            // is shown as such.
-            let mut per_peer = Vec::new();
-            for p in &me.peers {
-                let s = if p.node_id == me.node_id {
-                    Ok(me.clone())
-                } else {
-                    c.peer_status(conn.req(PeerStatusRequest { node_id: p.node_id })?)
-                        .await
-                        .map(|r| r.into_inner())
-                        .map_err(|e| e.message().to_owned())
-                };
-                per_peer.push((p.clone(), s));
-            }
+            let per_peer = top::peer_statuses(&mut c, &conn, &me).await?;
             if cli.json {
                 let peers: Vec<_> = per_peer
                     .iter()

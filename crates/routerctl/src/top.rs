@@ -3,7 +3,7 @@
 //! and of every peer's Raft position. Rates come from two snapshots of cumulative counters.
 
 use router_proto::v1::admin_client::AdminClient;
-use router_proto::v1::{Empty, PeerStatusRequest, RankTop, StatusReply, TopReply};
+use router_proto::v1::{Empty, PeerInfo, PeerStatusRequest, RankTop, StatusReply, TopReply};
 use serde_json::json;
 use std::fmt::Write as _;
 use tonic::transport::Channel;
@@ -20,9 +20,22 @@ pub struct Reading {
 pub async fn read(c: &mut AdminClient<Channel>, conn: &crate::Conn) -> anyhow::Result<Reading> {
     let top = c.top(conn.req(Empty {})?).await?.into_inner();
     let me = c.status(conn.req(Empty {})?).await?.into_inner();
-    // Every peer's own indexes, asked through this one (peer addresses may resolve only on
-    // the peers' network).
-    let mut peers = Vec::new();
+    let peers = peer_statuses(c, conn, &me)
+        .await?
+        .into_iter()
+        .map(|(p, s)| (p.node_id, p.addr, p.voter, s))
+        .collect();
+    Ok(Reading { top, me, peers })
+}
+
+/// Every member's own status, asked through the peer that answered `me` (peer addresses
+/// may resolve only on the peers' network); an unreachable one is reported as such.
+pub async fn peer_statuses(
+    c: &mut AdminClient<Channel>,
+    conn: &crate::Conn,
+    me: &StatusReply,
+) -> anyhow::Result<Vec<(PeerInfo, Result<StatusReply, String>)>> {
+    let mut out = Vec::new();
     for p in &me.peers {
         let s = if p.node_id == me.node_id {
             Ok(me.clone())
@@ -32,9 +45,9 @@ pub async fn read(c: &mut AdminClient<Channel>, conn: &crate::Conn) -> anyhow::R
                 .map(|r| r.into_inner())
                 .map_err(|e| e.message().to_owned())
         };
-        peers.push((p.node_id, p.addr.clone(), p.voter, s));
+        out.push((p.clone(), s));
     }
-    Ok(Reading { top, me, peers })
+    Ok(out)
 }
 
 /// Per-second rates of one rank between two readings.
