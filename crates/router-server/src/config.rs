@@ -313,6 +313,9 @@ impl Default for LogConfig {
     }
 }
 
+/// Default CPU budget of the span exporter, percent of one core.
+pub const DEFAULT_EXPORT_CPU_PERCENT: u32 = 5;
+
 /// OpenTelemetry traces. Also set by the standard variables `OTEL_EXPORTER_OTLP_ENDPOINT`
 /// (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`), `OTEL_SERVICE_NAME`,
 /// `OTEL_TRACES_SAMPLER_ARG`, `OTEL_EXPORTER_OTLP_HEADERS` and `OTEL_SDK_DISABLED`.
@@ -331,6 +334,11 @@ pub struct TracingConfig {
     pub queue_spans: usize,
     /// Longest wait for one export call.
     pub export_timeout_ms: u64,
+    /// Most CPU the span exporter may use, in percent of one core (1-100). Converting and
+    /// sending spans costs more than making them; past this budget the export queue fills
+    /// and new traces are shed (`router_trace_traces_shed_total`), so tracing at sampling
+    /// 1.0 on a saturated router costs a bounded share of it.
+    pub export_cpu_percent: u32,
     /// CA certificate (PEM) that signed an `https://` collector's certificate; without it
     /// the public web PKI roots are trusted.
     pub ca: Option<PathBuf>,
@@ -345,6 +353,7 @@ impl Default for TracingConfig {
             headers: BTreeMap::new(),
             queue_spans: 8192,
             export_timeout_ms: 5000,
+            export_cpu_percent: DEFAULT_EXPORT_CPU_PERCENT,
             ca: None,
         }
     }
@@ -642,6 +651,9 @@ impl Config {
         if !(0.0..=1.0).contains(&tr.sampling_ratio) {
             return bad("tracing.sampling_ratio must be between 0.0 and 1.0".into());
         }
+        if !(1..=100).contains(&tr.export_cpu_percent) {
+            return bad("tracing.export_cpu_percent must be between 1 and 100".into());
+        }
         if tr.queue_spans == 0 || tr.export_timeout_ms == 0 {
             return bad(
                 "tracing.queue_spans and tracing.export_timeout_ms must be positive".into(),
@@ -804,6 +816,8 @@ mod tests {
             "[tracing]\notlp_endpoint = \"http://c:4317\"\nca = \"/etc/hostname\"",
             "[tracing]\notlp_endpoint = \"https://c:4317\"\nca = \"/nonexistent/ca.pem\"",
             "[tracing]\notlp_endpoint = \"https://c:4317\"\nca = \"/etc/hostname\"",
+            "[tracing]\nexport_cpu_percent = 0",
+            "[tracing]\nexport_cpu_percent = 101",
         ] {
             assert!(Config::from_toml_str(toml).is_err(), "{toml}");
         }

@@ -61,6 +61,8 @@ pub struct ExportStats {
     pub traces_shed: AtomicU64,
     /// Spans waiting in the export queue.
     queued: AtomicU64,
+    /// CPU time the export thread spent converting and sending spans, ns.
+    export_cpu_ns: AtomicU64,
 }
 
 /// The process's export counters.
@@ -71,6 +73,7 @@ pub static STATS: ExportStats = ExportStats {
     dropped_export_failed: AtomicU64::new(0),
     traces_shed: AtomicU64::new(0),
     queued: AtomicU64::new(0),
+    export_cpu_ns: AtomicU64::new(0),
 };
 
 /// Appends the export counters in Prometheus text format.
@@ -90,12 +93,16 @@ pub fn render(out: &mut String) {
          router_trace_spans_dropped_total{{reason=\"export_failed\"}} {}\n\
          # HELP router_trace_traces_shed_total Traces not recorded: the export queue was nearly full when they began.\n\
          # TYPE router_trace_traces_shed_total counter\n\
-         router_trace_traces_shed_total {}",
+         router_trace_traces_shed_total {}\n\
+         # HELP router_trace_export_cpu_seconds_total CPU time the span exporter spent converting and sending spans.\n\
+         # TYPE router_trace_export_cpu_seconds_total counter\n\
+         router_trace_export_cpu_seconds_total {}",
         u8::from(s.enabled.load(Relaxed)),
         s.exported.load(Relaxed),
         s.dropped_queue_full.load(Relaxed),
         s.dropped_export_failed.load(Relaxed),
         s.traces_shed.load(Relaxed),
+        s.export_cpu_ns.load(Relaxed) as f64 / 1e9,
     );
 }
 
@@ -289,6 +296,7 @@ fn provider(endpoint: &str, tr: &TracingConfig) -> SdkTracerProvider {
         headers: tr.headers.clone(),
         timeout: Duration::from_millis(tr.export_timeout_ms),
         resource: resource.clone(),
+        cpu_share: f64::from(tr.export_cpu_percent.clamp(1, 100)) / 100.0,
     };
     let spawned = std::thread::Builder::new()
         .name("otlp-export".into())
@@ -417,6 +425,25 @@ struct ExportSetup {
     headers: std::collections::BTreeMap<String, String>,
     timeout: Duration,
     resource: Resource,
+    /// Share of one core the export thread may use.
+    cpu_share: f64,
+}
+
+/// CPU time the calling thread has run (`/proc/thread-self/schedstat`, ns); `None` where
+/// the kernel does not report it (then the export budget is not enforced).
+fn thread_cpu() -> Option<Duration> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let ns: u64 = s.split_whitespace().next()?.parse().ok()?;
+    Some(Duration::from_nanos(ns))
+}
+
+/// How long to rest after spending `cpu` so that the thread's duty cycle stays within
+/// `share` of one core.
+fn rest_for(cpu: Duration, share: f64) -> Duration {
+    if share >= 1.0 {
+        return Duration::ZERO;
+    }
+    cpu.mul_f64((1.0 - share) / share.max(0.01))
 }
 
 fn export_loop(rx: Receiver<Msg>, setup: ExportSetup) {
@@ -505,6 +532,7 @@ fn export_loop(rx: Receiver<Msg>, setup: ExportSetup) {
             }
         }
         if !batch.is_empty() {
+            let cpu_before = thread_cpu();
             let n = batch.len() as u64;
             match rt.block_on(exporter.export(std::mem::take(&mut batch))) {
                 Ok(()) => {
@@ -519,6 +547,18 @@ fn export_loop(rx: Receiver<Msg>, setup: ExportSetup) {
                 }
             }
             batch = Vec::with_capacity(EXPORT_BATCH);
+            // Stay within the CPU budget: spans that arrive meanwhile wait in the queue,
+            // and when it fills, new traces are shed rather than slowing requests.
+            // A flush waiting (shutdown) is served at once.
+            if let (Some(a), Some(b)) = (cpu_before, thread_cpu()) {
+                let used = b.saturating_sub(a);
+                STATS
+                    .export_cpu_ns
+                    .fetch_add(used.as_nanos() as u64, Relaxed);
+                if flushes.is_empty() {
+                    std::thread::sleep(rest_for(used, setup.cpu_share));
+                }
+            }
         }
         for f in flushes.drain(..) {
             let _ = f.send(());
@@ -600,6 +640,24 @@ mod tests {
             out["traceparent"],
             "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
         );
+    }
+
+    #[test]
+    fn the_exporter_rests_to_stay_within_its_cpu_share() {
+        let ms = Duration::from_millis;
+        assert_eq!(rest_for(ms(10), 0.05), ms(190));
+        assert_eq!(rest_for(ms(10), 0.5), ms(10));
+        assert_eq!(rest_for(ms(10), 1.0), Duration::ZERO);
+        // The thread's CPU clock moves with work done (where the kernel reports it).
+        if let Some(a) = thread_cpu() {
+            let t = Instant::now();
+            let mut x = 0u64;
+            while t.elapsed() < ms(30) {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+            let used = thread_cpu().unwrap().saturating_sub(a);
+            assert!(used >= ms(10) && used <= ms(200), "{used:?}");
+        }
     }
 
     #[test]
