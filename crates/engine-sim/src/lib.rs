@@ -501,6 +501,7 @@ pub async fn serve(st: Arc<PortState>, req: Request<Incoming>) -> Response<Body>
         .unwrap_or_default()
 }
 
+/// A vLLM series: name, help, value of one rank.
 type Series = (&'static str, &'static str, fn(&RankStats) -> f64);
 
 fn metrics(st: &PortState) -> String {
@@ -508,49 +509,68 @@ fn metrics(st: &PortState) -> String {
         PortRanks::Single(r) => vec![r],
         PortRanks::Dp(rs, _) => rs.iter().collect(),
     };
-    let mut o = String::new();
+    let mut o = promtext::Exposition::with_capacity(4096);
     let m = &st.cfg.model;
-    let gauges: [Series; 3] = [
-        ("vllm:num_requests_running", "gauge", |s| {
-            s.running.load(Relaxed) as f64
-        }),
-        ("vllm:num_requests_waiting", "gauge", |s| {
-            s.waiting.load(Relaxed) as f64
-        }),
-        ("vllm:kv_cache_usage_perc", "gauge", |s| {
-            s.kv_usage_ppm.load(Relaxed) as f64 / 1e6
-        }),
+    let series: [Series; 9] = [
+        (
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            |s| s.running.load(Relaxed) as f64,
+        ),
+        (
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be processed.",
+            |s| s.waiting.load(Relaxed) as f64,
+        ),
+        (
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage.",
+            |s| s.kv_usage_ppm.load(Relaxed) as f64 / 1e6,
+        ),
+        (
+            "vllm:prefix_cache_queries_total",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            |s| s.prefix_queries.load(Relaxed) as f64,
+        ),
+        (
+            "vllm:prefix_cache_hits_total",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            |s| s.prefix_hits.load(Relaxed) as f64,
+        ),
+        (
+            "vllm:prompt_tokens_total",
+            "Number of prefill tokens processed.",
+            |s| s.prompt_tokens.load(Relaxed) as f64,
+        ),
+        (
+            "vllm:generation_tokens_total",
+            "Number of generation tokens processed.",
+            |s| s.generation_tokens.load(Relaxed) as f64,
+        ),
+        (
+            "vllm:request_success_total",
+            "Count of successfully processed requests.",
+            |s| s.finished.load(Relaxed) as f64,
+        ),
+        (
+            "vllm:request_cancelled_total",
+            "Count of requests cancelled by the client.",
+            |s| s.cancelled.load(Relaxed) as f64,
+        ),
     ];
-    let counters: [Series; 6] = [
-        ("vllm:prefix_cache_queries_total", "counter", |s| {
-            s.prefix_queries.load(Relaxed) as f64
-        }),
-        ("vllm:prefix_cache_hits_total", "counter", |s| {
-            s.prefix_hits.load(Relaxed) as f64
-        }),
-        ("vllm:prompt_tokens_total", "counter", |s| {
-            s.prompt_tokens.load(Relaxed) as f64
-        }),
-        ("vllm:generation_tokens_total", "counter", |s| {
-            s.generation_tokens.load(Relaxed) as f64
-        }),
-        ("vllm:request_success_total", "counter", |s| {
-            s.finished.load(Relaxed) as f64
-        }),
-        ("vllm:request_cancelled_total", "counter", |s| {
-            s.cancelled.load(Relaxed) as f64
-        }),
-    ];
-    for (name, ty, f) in gauges.iter().chain(counters.iter()) {
-        let _ = writeln!(o, "# TYPE {name} {ty}");
+    for (name, help, f) in series {
+        o.family(name, help, promtext::Kind::by_name(name));
         for (i, r) in ranks.iter().enumerate() {
-            let _ = writeln!(
-                o,
-                "{name}{{model_name=\"{m}\",engine=\"{i}\",rank=\"{}\"}} {}",
-                r.label,
-                f(&r.stats)
+            o.sample(
+                name,
+                &[
+                    ("model_name", m),
+                    ("engine", &i.to_string()),
+                    ("rank", &r.label),
+                ],
+                f(&r.stats),
             );
         }
     }
-    o
+    o.finish()
 }

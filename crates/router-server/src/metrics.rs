@@ -1,7 +1,9 @@
-//! Prometheus metrics held in atomics: recording never locks or allocates.
+//! Prometheus metrics held in atomics: recording never locks or allocates; the text is
+//! written at scrape time by the one writer, `promtext`.
 
+pub use promtext::Histogram;
+use promtext::{Exposition, Kind};
 use router_core::{IndexStats, Reason};
-use std::fmt::Write;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
@@ -73,55 +75,6 @@ impl Route {
 }
 
 const STATUS_SLOTS: usize = 600;
-const BUCKETS: [f64; 16] = [
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
-];
-
-/// A Prometheus histogram over latency buckets (seconds), lock-free.
-pub struct Histogram {
-    counts: [AtomicU64; BUCKETS.len() + 1],
-    sum_us: AtomicU64,
-}
-
-impl Default for Histogram {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Histogram {
-    /// Empty.
-    pub fn new() -> Self {
-        Histogram {
-            counts: std::array::from_fn(|_| AtomicU64::new(0)),
-            sum_us: AtomicU64::new(0),
-        }
-    }
-    /// Counts one observation.
-    pub fn observe(&self, d: Duration) {
-        let s = d.as_secs_f64();
-        let i = BUCKETS
-            .iter()
-            .position(|b| s <= *b)
-            .unwrap_or(BUCKETS.len());
-        self.counts[i].fetch_add(1, Relaxed);
-        self.sum_us.fetch_add(d.as_micros() as u64, Relaxed);
-    }
-    /// Appends the exposition.
-    pub fn render(&self, out: &mut String, name: &str, help: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        let mut cum = 0;
-        for (i, b) in BUCKETS.iter().enumerate() {
-            cum += self.counts[i].load(Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cum}");
-        }
-        cum += self.counts[BUCKETS.len()].load(Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cum}");
-        let _ = writeln!(out, "{name}_sum {}", self.sum_us.load(Relaxed) as f64 / 1e6);
-        let _ = writeln!(out, "{name}_count {cum}");
-    }
-}
-
 /// Stream failures after the first byte, by code.
 const STREAM_ERRORS: [&str; 2] = ["upstream_stream_error", "upstream_idle_timeout"];
 /// Upstream attempt failures before the first byte, by kind.
@@ -257,29 +210,38 @@ impl Metrics {
         self.usage_responses.fetch_add(1, Relaxed);
     }
 
-    /// Prometheus text exposition.
-    pub fn render(&self, upstreams: &[UpstreamSample], index: &IndexStats, extra: &str) -> String {
-        let mut o = String::with_capacity(8192);
-        o.push_str("# HELP router_requests_total Client requests by endpoint and status.\n# TYPE router_requests_total counter\n");
+    /// Appends the request-path metrics, per-upstream values and index gauges.
+    pub fn render(&self, o: &mut Exposition, upstreams: &[UpstreamSample], index: &IndexStats) {
+        o.family(
+            "router_requests_total",
+            "Client requests by endpoint and status.",
+            Kind::Counter,
+        );
+        let mut code = String::new();
         for (i, r) in Route::ALL.iter().enumerate() {
-            for (code, c) in self.requests[i].iter().enumerate() {
+            for (status, c) in self.requests[i].iter().enumerate() {
                 let v = c.load(Relaxed);
                 if v > 0 {
-                    let _ = writeln!(
-                        o,
-                        "router_requests_total{{endpoint=\"{}\",status=\"{code}\"}} {v}",
-                        r.label()
+                    code.clear();
+                    promtext::Value::write_to(&(status as u64), &mut code);
+                    o.sample(
+                        "router_requests_total",
+                        &[("endpoint", r.label()), ("status", &code)],
+                        v,
                     );
                 }
             }
         }
-        o.push_str("# HELP router_route_decisions_total Routing decisions by reason.\n# TYPE router_route_decisions_total counter\n");
+        o.family(
+            "router_route_decisions_total",
+            "Routing decisions by reason.",
+            Kind::Counter,
+        );
         for (i, r) in Reason::ALL.iter().enumerate() {
-            let _ = writeln!(
-                o,
-                "router_route_decisions_total{{reason=\"{}\"}} {}",
-                r.label(),
-                self.decisions[i].load(Relaxed)
+            o.sample(
+                "router_route_decisions_total",
+                &[("reason", r.label())],
+                self.decisions[i].load(Relaxed),
             );
         }
         let counters = [
@@ -320,35 +282,39 @@ impl Metrics {
             ),
         ];
         for (name, help, v) in counters {
-            let _ = writeln!(
-                o,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
-                v.load(Relaxed)
-            );
+            o.scalar(name, help, v.load(Relaxed));
         }
-        o.push_str("# HELP router_upstream_attempt_failures_total Upstream attempts that failed before the first byte.\n# TYPE router_upstream_attempt_failures_total counter\n");
+        o.family(
+            "router_upstream_attempt_failures_total",
+            "Upstream attempts that failed before the first byte.",
+            Kind::Counter,
+        );
         for (i, k) in ATTEMPT_FAILURES.iter().enumerate() {
-            let _ = writeln!(
-                o,
-                "router_upstream_attempt_failures_total{{kind=\"{k}\"}} {}",
-                self.attempt_failures[i].load(Relaxed)
+            o.sample(
+                "router_upstream_attempt_failures_total",
+                &[("kind", k)],
+                self.attempt_failures[i].load(Relaxed),
             );
         }
-        o.push_str("# HELP router_stream_errors_total Responses broken after the first byte.\n# TYPE router_stream_errors_total counter\n");
+        o.family(
+            "router_stream_errors_total",
+            "Responses broken after the first byte.",
+            Kind::Counter,
+        );
         for (i, k) in STREAM_ERRORS.iter().enumerate() {
-            let _ = writeln!(
-                o,
-                "router_stream_errors_total{{code=\"{k}\"}} {}",
-                self.stream_errors[i].load(Relaxed)
+            o.sample(
+                "router_stream_errors_total",
+                &[("code", k)],
+                self.stream_errors[i].load(Relaxed),
             );
         }
         self.ttft.render(
-            &mut o,
+            o,
             "router_ttft_seconds",
             "Time from request to the upstream's first body byte.",
         );
         self.duration.render(
-            &mut o,
+            o,
             "router_request_duration_seconds",
             "Time from request to the end of the response.",
         );
@@ -385,58 +351,45 @@ impl Metrics {
             ),
         ];
         for (name, help, f) in gauges {
-            let ty = if name.ends_with("_total") {
-                "counter"
-            } else {
-                "gauge"
-            };
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {ty}");
+            o.family(name, help, Kind::by_name(name));
             for u in upstreams {
-                let _ = writeln!(o, "{name}{{upstream=\"{}\"}} {}", u.url, f(u));
+                o.sample(name, &[("upstream", &u.url)], f(u));
             }
         }
         let idx = [
             (
                 "router_index_fingerprints",
-                "gauge",
                 "Distinct prefix fingerprints in the affinity index.",
                 index.fingerprints,
             ),
             (
                 "router_index_entries",
-                "gauge",
                 "(fingerprint, rank) entries in the affinity index.",
                 index.entries,
             ),
             (
                 "router_index_bytes",
-                "gauge",
                 "Estimated memory of the affinity index.",
                 index.bytes,
             ),
             (
                 "router_index_sessions",
-                "gauge",
                 "Session hints held.",
                 index.sessions,
             ),
             (
                 "router_index_capacity_evictions_total",
-                "counter",
                 "Entries forgotten because a rank's modelled KV cache was full.",
                 index.capacity_evictions,
             ),
             (
                 "router_index_cap_evictions_total",
-                "counter",
                 "Entries forgotten because of the global entry cap.",
                 index.cap_evictions,
             ),
         ];
-        for (name, ty, help, v) in idx {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {ty}\n{name} {v}");
+        for (name, help, v) in idx {
+            o.scalar(name, help, v);
         }
-        o.push_str(extra);
-        o
     }
 }

@@ -27,7 +27,6 @@ use opentelemetry_sdk::trace::{
     SpanData, SpanExporter, SpanProcessor,
 };
 use opentelemetry_sdk::Resource;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::OnceLock;
@@ -76,32 +75,42 @@ pub static STATS: ExportStats = ExportStats {
     export_cpu_ns: AtomicU64::new(0),
 };
 
-/// Appends the export counters in Prometheus text format.
-pub fn render(out: &mut String) {
+/// Appends the export counters.
+pub fn render(o: &mut promtext::Exposition) {
     let s = &STATS;
-    let _ = writeln!(
-        out,
-        "# HELP router_trace_enabled 1 when spans are exported over OTLP.\n\
-         # TYPE router_trace_enabled gauge\n\
-         router_trace_enabled {}\n\
-         # HELP router_trace_spans_exported_total Spans the OTLP collector accepted.\n\
-         # TYPE router_trace_spans_exported_total counter\n\
-         router_trace_spans_exported_total {}\n\
-         # HELP router_trace_spans_dropped_total Spans dropped: export queue full, or the export failed.\n\
-         # TYPE router_trace_spans_dropped_total counter\n\
-         router_trace_spans_dropped_total{{reason=\"queue_full\"}} {}\n\
-         router_trace_spans_dropped_total{{reason=\"export_failed\"}} {}\n\
-         # HELP router_trace_traces_shed_total Traces not recorded: the export queue was nearly full when they began.\n\
-         # TYPE router_trace_traces_shed_total counter\n\
-         router_trace_traces_shed_total {}\n\
-         # HELP router_trace_export_cpu_seconds_total CPU time the span exporter spent converting and sending spans.\n\
-         # TYPE router_trace_export_cpu_seconds_total counter\n\
-         router_trace_export_cpu_seconds_total {}",
-        u8::from(s.enabled.load(Relaxed)),
+    o.scalar(
+        "router_trace_enabled",
+        "1 when spans are exported over OTLP.",
+        u64::from(s.enabled.load(Relaxed)),
+    );
+    o.scalar(
+        "router_trace_spans_exported_total",
+        "Spans the OTLP collector accepted.",
         s.exported.load(Relaxed),
+    );
+    o.family(
+        "router_trace_spans_dropped_total",
+        "Spans dropped: export queue full, or the export failed.",
+        promtext::Kind::Counter,
+    )
+    .sample(
+        "router_trace_spans_dropped_total",
+        &[("reason", "queue_full")],
         s.dropped_queue_full.load(Relaxed),
+    )
+    .sample(
+        "router_trace_spans_dropped_total",
+        &[("reason", "export_failed")],
         s.dropped_export_failed.load(Relaxed),
+    );
+    o.scalar(
+        "router_trace_traces_shed_total",
+        "Traces not recorded: the export queue was nearly full when they began.",
         s.traces_shed.load(Relaxed),
+    );
+    o.scalar(
+        "router_trace_export_cpu_seconds_total",
+        "CPU time the span exporter spent converting and sending spans.",
         s.export_cpu_ns.load(Relaxed) as f64 / 1e9,
     );
 }

@@ -73,13 +73,12 @@ pub fn metrics(ctx: &Ctx) -> Response<RespBody> {
             s
         })
         .collect();
-    let mut extra = String::new();
-    ctx.state.render_metrics(&mut extra);
-    crate::telemetry::render(&mut extra);
-    let text = ctx
-        .metrics
-        .render(&samples, &ctx.state.index_stats(), &extra);
-    let mut r = Response::new(full(text));
+    let mut text = promtext::Exposition::with_capacity(16 * 1024);
+    ctx.metrics
+        .render(&mut text, &samples, &ctx.state.index_stats());
+    ctx.state.render_metrics(&mut text);
+    crate::telemetry::render(&mut text);
+    let mut r = Response::new(full(text.finish()));
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),

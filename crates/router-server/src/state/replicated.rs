@@ -16,7 +16,6 @@ use router_cluster::{ClusterNode, NodeConfig};
 use router_core::machine::PeerLoad;
 use router_core::{Command, IndexStats, IndexView, Outcome, RankLoad, Route};
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -415,11 +414,6 @@ async fn load_reporter(state: std::sync::Weak<ClusterState>, every: Duration, st
     }
 }
 
-/// One metric with its HELP and TYPE lines.
-fn sample(o: &mut String, name: &str, help: &str, kind: &str, v: impl std::fmt::Display) {
-    let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
-}
-
 impl RoutingState for ClusterState {
     fn view(&self) -> Guard<Arc<IndexView>> {
         self.published.overlay.view()
@@ -464,7 +458,7 @@ impl RoutingState for ClusterState {
         })
     }
 
-    fn render_metrics(&self, o: &mut String) {
+    fn render_metrics(&self, o: &mut promtext::Exposition) {
         let m = self.node.status();
         let snap = self.node.snapshot_stats();
         let commit = m.commit_index;
@@ -549,12 +543,7 @@ impl RoutingState for ClusterState {
             ),
         ];
         for (name, help, v) in gauges {
-            let kind = if name.ends_with("_total") {
-                "counter"
-            } else {
-                "gauge"
-            };
-            sample(o, name, help, kind, v);
+            o.scalar(name, help, v);
         }
         for (name, help, us) in [
             (
@@ -573,7 +562,7 @@ impl RoutingState for ClusterState {
                 snap.install_us,
             ),
         ] {
-            sample(o, name, help, "gauge", us as f64 / 1e6);
+            o.scalar(name, help, us as f64 / 1e6);
         }
         c.route_lag.render(
             o,

@@ -91,6 +91,6 @@ pub trait RoutingState: Send + Sync + 'static {
     /// Applies an operator's command (join, leave, drain). Returns once this router routes
     /// by it (and, clustered, once every reachable peer does).
     fn change(&self, cmd: Command) -> ChangeFuture<'_>;
-    /// Appends state-specific metrics (Raft) in Prometheus text.
-    fn render_metrics(&self, _out: &mut String) {}
+    /// Appends state-specific metrics (Raft).
+    fn render_metrics(&self, _out: &mut promtext::Exposition) {}
 }
