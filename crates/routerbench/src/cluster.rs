@@ -137,7 +137,7 @@ pub async fn run(a: ClusterArgs) -> anyhow::Result<Vec<Report>> {
         "\nworkload {:?}: {} developers, {} ranks, {} s per run, scale {}, speed {}x, KV {} tokens/rank\n",
         b.workload, b.developers, b.ranks, b.duration, b.scale, b.speed, b.capacity_tokens
     );
-    print!("{}", workload::table(&reports, Some("1 router")));
+    print!("{}", workload::table(&reports, &[("x 1", "1 router")]));
     if let Some(p) = &b.json {
         std::fs::write(p, serde_json::to_vec_pretty(&reports)?)?;
     }

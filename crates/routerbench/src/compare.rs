@@ -38,6 +38,13 @@ pub struct CompareArgs {
     /// Skip the nginx run.
     #[arg(long)]
     pub no_nginx: bool,
+    /// Skip the peer routers (SMG and vllm-router `cache_aware`).
+    #[arg(long)]
+    pub no_peers: bool,
+    /// Virtual environment the peer routers are installed into (made on first use;
+    /// default: `peers-venv` beside this binary).
+    #[arg(long)]
+    pub peers_venv: Option<std::path::PathBuf>,
     /// Workload family.
     #[arg(long, value_enum, default_value_t = Kind::Agent)]
     pub workload: Kind,
@@ -125,6 +132,7 @@ pub fn params(a: &CompareArgs, url: String, salt: u64) -> Params {
         resolve: false,
         // One try: a comparison counts failures, it does not hide them.
         attempts: 1,
+        pool_tokens: a.capacity_tokens * a.ranks as u64,
     }
 }
 
@@ -156,6 +164,32 @@ pub async fn run(a: CompareArgs) -> anyhow::Result<Vec<Report>> {
         .await?;
         reports.push(r);
     }
+    if !a.no_peers {
+        let venv = a
+            .peers_venv
+            .clone()
+            .unwrap_or_else(|| crate::procs::bin_dir().join("peers-venv"));
+        for (i, peer) in crate::peers::PEERS.iter().enumerate() {
+            // A peer that cannot be installed here is reported and left out.
+            let bin = match crate::peers::install(&venv, peer) {
+                Ok(b) => b,
+                Err(e) => {
+                    eprintln!("== {} skipped: {e:#}", peer.label);
+                    continue;
+                }
+            };
+            eprintln!("== {}", peer.label);
+            let fleet = start_fleet(&a, &dir, peer.name).await?;
+            let (_peer, url) = crate::peers::start(peer, &bin, &dir, &fleet).await?;
+            let mut r = workload::run(
+                params(&a, url, salt0.wrapping_add(100 + i as u64)),
+                peer.label,
+            )
+            .await?;
+            r.label = peer.label.to_owned();
+            reports.push(r);
+        }
+    }
     for (i, policy) in a.policies.iter().enumerate() {
         eprintln!("== router policy {policy}");
         let fleet = start_fleet(&a, &dir, policy).await?;
@@ -174,7 +208,13 @@ pub async fn run(a: CompareArgs) -> anyhow::Result<Vec<Report>> {
     );
     print!(
         "{}",
-        workload::table(&reports, (!a.no_nginx).then_some("nginx least_conn"))
+        workload::table(
+            &reports,
+            &[
+                ("x smg", "smg cache_aware"),
+                ("x nginx", "nginx least_conn")
+            ]
+        )
     );
     if let Some(p) = &a.json {
         std::fs::write(p, serde_json::to_vec_pretty(&reports)?)?;

@@ -5,6 +5,7 @@ mod cluster;
 mod compare;
 mod fleet;
 mod metricsbench;
+mod peers;
 mod procs;
 mod proxy;
 mod raftbench;
@@ -156,9 +157,10 @@ async fn main() -> anyhow::Result<()> {
                 api_key: a.api_key,
                 resolve: a.resolve,
                 attempts: a.attempts,
+                pool_tokens: 0,
             };
             let (r, turns) = workload::run_logged(p, "agent").await?;
-            print!("{}", workload::table(std::slice::from_ref(&r), None));
+            print!("{}", workload::table(std::slice::from_ref(&r), &[]));
             println!(
                 "retries {}  main-conversation stickiness {:.2}% of {} follow-ups",
                 r.retries,

@@ -65,6 +65,8 @@ pub struct Params {
     /// Tries per turn: a turn that fails before it completes (connection refused or cut,
     /// no answer head, 408/429/5xx) is sent again whole to another router.
     pub attempts: u32,
+    /// The fleet's KV capacity in tokens, for the pooled oracle (0: none).
+    pub pool_tokens: u64,
 }
 
 /// How long one attempt may wait for the answer's head (a paused router accepts
@@ -95,6 +97,7 @@ struct Turn {
     prompt_tokens: u64,
     cached_tokens: u64,
     oracle_tokens: u64,
+    pooled_tokens: u64,
     rank: Option<String>,
     /// The router's `x-router-reason` (prefix_hit, load, cold, session, ...).
     reason: Option<String>,
@@ -123,6 +126,9 @@ pub struct Report {
     pub cached_share: f64,
     /// What an ideal router with an unbounded cache would have served from cache.
     pub oracle_share: f64,
+    /// What an ideal router could serve from cache if the fleet's KV were one LRU cache
+    /// (the best any placement can do once the KV is full); 0 when not measured.
+    pub pooled_oracle_share: f64,
     /// Turns on the same rank as their conversation's previous turn.
     pub stickiness: f64,
     /// The same, for developers' own conversations only: sub-agents, batch samples and
@@ -154,7 +160,7 @@ struct Shared {
     repos: Vec<String>,
     deadline: Instant,
     turns: Mutex<Vec<Turn>>,
-    oracle: Mutex<HashSet<u64>>,
+    oracle: Mutex<Oracle>,
     next_conv: AtomicU64,
     done: AtomicU64,
     started: Instant,
@@ -227,7 +233,7 @@ async fn run_turns(params: Params, label: &str) -> anyhow::Result<(Report, Vec<T
         harness,
         repos,
         turns: Mutex::new(Vec::new()),
-        oracle: Mutex::new(HashSet::new()),
+        oracle: Mutex::new(Oracle::new(params.pool_tokens / BLOCK as u64)),
         next_conv: AtomicU64::new(0),
         done: AtomicU64::new(0),
     });
@@ -533,7 +539,7 @@ async fn turn(
     let p = &s.params;
     let body = serde_json::json!({"model": p.model, "messages": msgs, "stream": true,
         "stream_options": {"include_usage": true}, "max_tokens": max_tokens});
-    let oracle = oracle_tokens(s, &body);
+    let (oracle, pooled) = oracle_tokens(s, &body);
     let body = Bytes::from(serde_json::to_vec(&body).ok()?);
     let started = Instant::now();
     let mut rec = Turn {
@@ -543,6 +549,7 @@ async fn turn(
         fresh_context: id.fresh_context,
         at: (started - s.started).as_secs_f64(),
         oracle_tokens: oracle,
+        pooled_tokens: pooled,
         ..Default::default()
     };
     let seq = s.done.fetch_add(1, Relaxed);
@@ -723,24 +730,81 @@ async fn attempt(
     Ok(a)
 }
 
-/// Tokens an ideal router with an unbounded cache would serve from cache: the longest
-/// prefix of this prompt, in whole engine blocks, that any earlier prompt had.
-fn oracle_tokens(s: &Shared, body: &serde_json::Value) -> u64 {
+/// The engines' KV block size in tokens.
+const BLOCK: usize = 16;
+
+/// Two ideal routers' caches. Unbounded: every block ever sent. Pooled: one LRU of the
+/// fleet's whole KV capacity, as if all ranks were one engine with perfect routing.
+struct Oracle {
+    seen: HashSet<u64>,
+    /// Capacity of the pool in blocks (0: no pool).
+    pool_blocks: u64,
+    /// Block -> its last use; last use -> block (the LRU order).
+    pool: HashMap<u64, u64>,
+    order: BTreeMap<u64, u64>,
+    tick: u64,
+}
+
+impl Oracle {
+    fn new(pool_blocks: u64) -> Oracle {
+        Oracle {
+            seen: HashSet::new(),
+            pool_blocks,
+            pool: HashMap::new(),
+            order: BTreeMap::new(),
+            tick: 0,
+        }
+    }
+
+    /// Blocks of this prompt's prefix each cache holds, then the prompt's blocks are used.
+    fn turn(&mut self, hashes: &[u64]) -> (usize, usize) {
+        let seen = hashes.iter().take_while(|h| self.seen.contains(h)).count();
+        self.seen.extend(hashes.iter().copied());
+        if self.pool_blocks == 0 {
+            return (seen, 0);
+        }
+        let pooled = hashes
+            .iter()
+            .take_while(|h| self.pool.contains_key(h))
+            .count();
+        for h in hashes {
+            self.tick += 1;
+            if let Some(old) = self.pool.insert(*h, self.tick) {
+                self.order.remove(&old);
+            }
+            self.order.insert(self.tick, *h);
+        }
+        while self.pool.len() as u64 > self.pool_blocks {
+            let Some((_, h)) = self.order.pop_first() else {
+                break;
+            };
+            self.pool.remove(&h);
+        }
+        (seen, pooled)
+    }
+}
+
+/// Tokens the two ideal routers would serve from cache (unbounded, pooled): the longest
+/// prefix of this prompt, in whole engine blocks, their caches hold.
+fn oracle_tokens(s: &Shared, body: &serde_json::Value) -> (u64, u64) {
     let Ok(rendered) = engine_sim::render_chat(body) else {
-        return 0;
+        return (0, 0);
     };
     let tokens = engine_sim::tokenize(rendered.as_bytes());
-    let hashes = engine_sim::cache::block_hashes(&tokens, 16);
-    let Ok(mut seen) = s.oracle.lock() else {
-        return 0;
+    let hashes = engine_sim::cache::block_hashes(&tokens, BLOCK);
+    let Ok(mut oracle) = s.oracle.lock() else {
+        return (0, 0);
     };
-    let hit = hashes.iter().take_while(|h| seen.contains(h)).count();
-    seen.extend(hashes.iter().copied());
-    let mut cached = hit * 16;
-    if cached >= tokens.len() && cached > 0 {
-        cached -= 16;
-    }
-    cached as u64
+    let (seen, pooled) = oracle.turn(&hashes);
+    // An engine computes at least the last block again, as enginesim does.
+    let cached = |blocks: usize| {
+        let mut c = blocks * BLOCK;
+        if c >= tokens.len() && c > 0 {
+            c -= BLOCK;
+        }
+        c as u64
+    };
+    (cached(seen), cached(pooled))
 }
 
 /// The `q` quantile of `v` (sorted in place); 0 for an empty slice.
@@ -773,6 +837,10 @@ fn report(label: &str, turns: &[Turn], elapsed: Duration) -> Report {
     let oracle: u64 = ok
         .iter()
         .map(|t| t.oracle_tokens.min(t.prompt_tokens))
+        .sum();
+    let pooled: u64 = ok
+        .iter()
+        .map(|t| t.pooled_tokens.min(t.prompt_tokens))
         .sum();
     let mut last: HashMap<u64, &str> = HashMap::new();
     let (mut same, mut follow) = (0u64, 0u64);
@@ -820,6 +888,7 @@ fn report(label: &str, turns: &[Turn], elapsed: Duration) -> Report {
         } else {
             oracle as f64 / prompt as f64
         },
+        pooled_oracle_share: ratio(pooled, prompt),
         stickiness: ratio(same, follow),
         main_stickiness: ratio(main_same, main_follow),
         main_follow_ups: main_follow,
@@ -833,40 +902,30 @@ fn report(label: &str, turns: &[Turn], elapsed: Duration) -> Report {
     }
 }
 
-/// A human table of several reports, with ratios against `baseline` (a label).
-pub fn table(reports: &[Report], baseline: Option<&str>) -> String {
+/// A human table of several reports, with turns/min ratios against each baseline
+/// (`(column header, label)`; a baseline not among the reports gives `-`).
+pub fn table(reports: &[Report], baselines: &[(&str, &str)]) -> String {
     use std::fmt::Write;
-    let base = baseline.and_then(|b| reports.iter().find(|r| r.label == b));
+    let pooled = reports.iter().any(|r| r.pooled_oracle_share > 0.0);
     let mut o = String::new();
-    let _ = writeln!(
+    let _ = write!(
         o,
-        "{:<18} {:>7} {:>9} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8} {:>7} {:>7} {:>6} {:>7}",
-        "router",
-        "turns",
-        "turns/min",
-        "ttft50",
-        "ttft90",
-        "ttft99",
-        "itl50",
-        "cached%",
-        "oracle%",
-        "sticky%",
-        "bal",
-        "errors",
-        "x base"
+        "{:<24} {:>7} {:>9} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8}",
+        "router", "turns", "turns/min", "ttft50", "ttft90", "ttft99", "itl50", "cached%", "oracle%"
     );
+    if pooled {
+        let _ = write!(o, " {:>8}", "pooled%");
+    }
+    let _ = write!(o, " {:>7} {:>7} {:>6}", "sticky%", "bal", "errors");
+    for (head, _) in baselines {
+        let _ = write!(o, " {head:>8}");
+    }
+    o.push('\n');
     for r in reports {
         let errs: u64 = r.errors.values().sum();
-        let ratio = base.map_or(String::from("-"), |b| {
-            if b.turns_per_min > 0.0 {
-                format!("{:.2}x", r.turns_per_min / b.turns_per_min)
-            } else {
-                "-".into()
-            }
-        });
-        let _ = writeln!(
+        let _ = write!(
             o,
-            "{:<18} {:>7} {:>9.1} {:>7.3} {:>7.3} {:>7.3} {:>7.4} {:>8.1} {:>8.1} {:>7.1} {:>7.2} {:>6} {:>7}",
+            "{:<24} {:>7} {:>9.1} {:>7.3} {:>7.3} {:>7.3} {:>7.4} {:>8.1} {:>8.1}",
             r.label,
             r.turns,
             r.turns_per_min,
@@ -876,11 +935,27 @@ pub fn table(reports: &[Report], baseline: Option<&str>) -> String {
             r.itl_p50,
             r.cached_share * 100.0,
             r.oracle_share * 100.0,
+        );
+        if pooled {
+            let _ = write!(o, " {:>8.1}", r.pooled_oracle_share * 100.0);
+        }
+        let _ = write!(
+            o,
+            " {:>7.1} {:>7.2} {:>6}",
             r.stickiness * 100.0,
             r.balance_max_over_mean,
-            errs,
-            ratio
+            errs
         );
+        for (_, label) in baselines {
+            let ratio = match reports.iter().find(|b| b.label == *label) {
+                Some(b) if b.turns_per_min > 0.0 => {
+                    format!("{:.2}x", r.turns_per_min / b.turns_per_min)
+                }
+                _ => "-".into(),
+            };
+            let _ = write!(o, " {ratio:>8}");
+        }
+        o.push('\n');
     }
     o
 }
