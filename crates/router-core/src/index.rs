@@ -89,6 +89,9 @@ struct RankLru {
 pub struct IndexView {
     map: PMap<Holders>,
     sessions: PMap<RankId>,
+    /// Each rank's modelled KV fill (tokens held / capacity, 0..=1), by rank id, as of the
+    /// last publish.
+    fill: std::sync::Arc<[f32]>,
 }
 
 impl IndexView {
@@ -145,6 +148,11 @@ impl IndexView {
             }
         }
         out
+    }
+
+    /// How full the model believes `rank`'s KV cache is (0 = empty or unknown, 1 = full).
+    pub fn fill(&self, rank: RankId) -> f64 {
+        self.fill.get(rank as usize).map_or(0.0, |f| f64::from(*f))
     }
 
     /// Number of fingerprints held by any rank.
@@ -393,6 +401,17 @@ impl CacheModel {
         IndexView {
             map: self.map.clone(),
             sessions: self.sessions.clone(),
+            fill: self
+                .ranks
+                .iter()
+                .map(|r| {
+                    if r.present && r.capacity > 0 {
+                        (r.tokens as f64 / r.capacity as f64).min(1.0) as f32
+                    } else {
+                        0.0
+                    }
+                })
+                .collect(),
         }
     }
 

@@ -5,7 +5,7 @@
 //! ```text
 //! load(r)   = ( prefill_weight * queued_prefill(r) + decode_weight * decodes(r) ) / weight(r)
 //! excess(r) = max(0, load(r) - min_r' load(r') - load_slack)
-//! cost(r)   = uncached(r) / weight(r) + excess(r)
+//! cost(r)   = uncached(r) * pressure(r) / weight(r) + excess(r)
 //! uncached(r) = prompt_tokens - cached(r)
 //! ```
 //! Candidates are ordered by `cost`, then by `load` (so cold prompts go to the least-loaded
@@ -28,6 +28,13 @@
 //!   cache footprint across ranks.
 //! * `weight(r)` (default 1.0): relative speed of the rank; a rank twice as fast halves
 //!   every cost on it.
+//! * `pressure(r) = 1 + kv_pressure_weight * fill(r)` multiplies `uncached(r)`, where
+//!   `fill(r)` is the cache model's tokens held / capacity of the rank (default weight 1.0).
+//!   On a full rank, tokens not cached there cost twice: computing them now, and the other
+//!   conversations' prefixes they evict, computed again later. So a conversation stays home
+//!   under KV pressure unless its rank is far busier, and a new conversation (uncached the
+//!   same everywhere) goes to the rank with room for it rather than one that would have to
+//!   evict live conversations.
 //!
 //! Everything is in engine tokens, so the formula reads as "estimated work before our first
 //! token". A cached conversation moves only when its rank's queue exceeds the least-loaded
@@ -80,6 +87,10 @@ pub struct ScoreParams {
     pub load_slack: f64,
     /// Honour session ids as hints under the `prefix` policy.
     pub session_hint: bool,
+    /// Extra cost of uncached tokens on a rank whose modelled KV is full, as a multiple of
+    /// their prefill (scaled by the rank's fill): storing them evicts other conversations'
+    /// prefixes, which those will compute again.
+    pub kv_pressure_weight: f64,
 }
 
 impl Default for ScoreParams {
@@ -89,6 +100,7 @@ impl Default for ScoreParams {
             decode_weight: 64.0,
             load_slack: 2048.0,
             session_hint: true,
+            kv_pressure_weight: 1.0,
         }
     }
 }
@@ -321,7 +333,8 @@ fn prefix_costs(
                 own
             };
             let cached = input.fps.tokens_of_prefix(credited as usize).min(total);
-            let uncached = (total - cached) as f64 / c.weight.max(1e-9);
+            let pressure = 1.0 + params.kv_pressure_weight * view.fill(c.rank);
+            let uncached = (total - cached) as f64 * pressure / c.weight.max(1e-9);
             let excess = (loads[i] - min_load - params.load_slack).max(0.0);
             Scored {
                 index: i,
@@ -624,10 +637,59 @@ mod tests {
         );
         assert_eq!(e[0].rank, 2);
         assert_eq!(e[0].cached_tokens, 15 * 512);
-        assert_eq!(e[0].cost, (5 * 512) as f64);
+        // Rank 2 holds 15 * 512 of its 1M tokens: its uncached tokens cost that much more.
+        let fill = m.view().fill(2);
+        assert!((fill - 15.0 * 512.0 / 1e6).abs() < 1e-6, "{fill}");
+        assert!((e[0].cost - (5 * 512) as f64 * (1.0 + fill)).abs() < 1e-6);
         let busy = e.iter().find(|s| s.rank == 1).unwrap();
         assert_eq!(busy.load, 5_000.0);
         assert_eq!(busy.excess_load, 5_000.0 - 2048.0);
         assert_eq!(busy.cost, (20 * 512) as f64 + 5_000.0 - 2048.0);
+    }
+
+    #[test]
+    fn a_rank_near_capacity_is_passed_over_for_a_new_conversation_while_its_own_stay() {
+        // Two ranks of 20 chunks' capacity; rank 0 is nearly full with two live
+        // conversations, rank 1 holds one small one. Same load everywhere.
+        let mut m = CacheModel::new(10_000, 100);
+        m.set_capacity(0, 20 * 512);
+        m.set_capacity(1, 20 * 512);
+        let conv = |seed: u64, n: u64| Fingerprints {
+            hashes: (1..=n).map(|i| seed * 1_000_000 + i).collect(),
+            chunk_tokens: vec![512; n as usize],
+            total_tokens: n * 512,
+        };
+        let (a, b, small) = (conv(1, 9), conv(2, 9), conv(3, 4));
+        m.record(0, &a.hashes, &a.chunk_tokens, None);
+        m.record(0, &b.hashes, &b.chunk_tokens, None);
+        m.record(1, &small.hashes, &small.chunk_tokens, None);
+        let c = cands(2);
+        // A new conversation is uncached everywhere: it goes where it fits (rank 0 would
+        // have to evict a live conversation to hold it). The rotation alone would have
+        // picked rank 0 for this tie seed.
+        let new = conv(4, 6);
+        assert_eq!(pick(Policy::Prefix, &new, &m, &c, 0).order[0], 1);
+        assert_eq!(pick(Policy::Prefix, &new, &m, &c, 2).order[0], 1);
+        let no_pressure = select(
+            Policy::Prefix,
+            &ScoreParams {
+                kv_pressure_weight: 0.0,
+                ..ScoreParams::default()
+            },
+            &RouteInput {
+                fps: &new,
+                session: None,
+                tie: 0,
+            },
+            &m.view(),
+            &c,
+        );
+        assert_eq!(no_pressure.order[0], 0, "the tie seed alone picks rank 0");
+        // The live conversations' next turns stay on the full rank.
+        for next in [conv(1, 10), conv(2, 10)] {
+            let d = pick(Policy::Prefix, &next, &m, &c, 1);
+            assert_eq!(d.order[0], 0);
+            assert_eq!(d.reason, Reason::PrefixHit);
+        }
     }
 }

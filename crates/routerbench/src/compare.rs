@@ -29,6 +29,10 @@ pub struct CompareArgs {
     /// KV capacity per rank in tokens.
     #[arg(long, default_value_t = 150_000)]
     pub capacity_tokens: u64,
+    /// KV capacity the router is told each rank has, as a multiple of the engines' real
+    /// `--capacity-tokens` (what a misconfigured or deliberately loose cache model costs).
+    #[arg(long, default_value_t = 1.0)]
+    pub router_capacity_factor: f64,
     /// Engine prefill throughput (tokens/s of simulated time).
     #[arg(long, default_value_t = 5_000.0)]
     pub prefill_tps: f64,
@@ -193,7 +197,8 @@ pub async fn run(a: CompareArgs) -> anyhow::Result<Vec<Report>> {
     for (i, policy) in a.policies.iter().enumerate() {
         eprintln!("== router policy {policy}");
         let fleet = start_fleet(&a, &dir, policy).await?;
-        let (_router, url) = start_router(&dir, &fleet, policy, a.capacity_tokens).await?;
+        let told = (a.capacity_tokens as f64 * a.router_capacity_factor) as u64;
+        let (_router, url) = start_router(&dir, &fleet, policy, told).await?;
         let mut r = workload::run(
             params(&a, url, salt0.wrapping_add(i as u64 + 1)),
             &format!("router {policy}"),
