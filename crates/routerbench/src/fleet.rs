@@ -69,6 +69,10 @@ pub struct Row {
     pub stickiness: f64,
     /// Engine-side cached tokens / prompt tokens.
     pub hit_rate: f64,
+    /// Time of one `select` over every replica (the scorer alone), microseconds: p50.
+    pub decide_p50_us: f64,
+    /// p99.
+    pub decide_p99_us: f64,
 }
 
 struct Dev {
@@ -132,6 +136,7 @@ pub fn simulate(shape: Shape, policy: Policy, params: &ScoreParams) -> Row {
     let (mut same, mut follow, mut prompt_tokens, mut cached_tokens) = (0u64, 0u64, 0u64, 0u64);
     let mut tie = shape.seed;
     let mut order: Vec<usize> = (0..n_devs).collect();
+    let mut decide_ns: Vec<f64> = Vec::new();
     loop {
         let mut active = false;
         let mut queued = vec![0u64; shape.replicas];
@@ -177,6 +182,10 @@ pub fn simulate(shape: Shape, policy: Policy, params: &ScoreParams) -> Row {
                 .collect();
             // Only the session policy gets ids: the prefix policy must find conversations unaided.
             let session = (policy == Policy::Session).then_some(dev.session);
+            // The view is published once per applied batch in the router, not per
+            // decision: only `select` is timed.
+            let view = model.view();
+            let t0 = std::time::Instant::now();
             let dec = select(
                 policy,
                 params,
@@ -185,9 +194,10 @@ pub fn simulate(shape: Shape, policy: Policy, params: &ScoreParams) -> Row {
                     session,
                     tie,
                 },
-                &model.view(),
+                &view,
                 &cands,
             );
+            decide_ns.push(t0.elapsed().as_nanos() as f64);
             if matches!(
                 dec.reason,
                 router_core::Reason::Cold
@@ -216,7 +226,11 @@ pub fn simulate(shape: Shape, policy: Policy, params: &ScoreParams) -> Row {
             break;
         }
     }
+    let decide_p50_us = crate::workload::pct(&mut decide_ns, 0.5) / 1e3;
+    let decide_p99_us = crate::workload::pct(&mut decide_ns, 0.99) / 1e3;
     Row {
+        decide_p50_us,
+        decide_p99_us,
         replicas: shape.replicas,
         policy: format!("{policy:?}").to_lowercase(),
         stickiness: if follow == 0 {

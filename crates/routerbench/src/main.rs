@@ -29,7 +29,8 @@ enum Cmd {
     Agent(AgentArgs),
     /// Start an engine-sim fleet and compare router policies and nginx on one workload.
     Compare(compare::CompareArgs),
-    /// Logical-time simulation of the router's scoring at 10, 40 and 128 replicas.
+    /// Logical-time simulation of the router's scoring at 10, 40 and 128 replicas (stickiness,
+    /// hit rate, time per decision).
     FleetSim(FleetArgs),
     /// Request-path overhead: direct vs router vs nginx.
     Proxy(proxy::ProxyArgs),
@@ -188,8 +189,8 @@ async fn main() -> anyhow::Result<()> {
         Cmd::FleetSim(f) => {
             let mut rows = Vec::new();
             println!(
-                "{:<9} {:<12} {:>11} {:>9}",
-                "replicas", "policy", "stickiness", "hit rate"
+                "{:<9} {:<12} {:>11} {:>9} {:>12} {:>12}",
+                "replicas", "policy", "stickiness", "hit rate", "select p50", "select p99"
             );
             for &n in &f.replicas {
                 for p in &f.policies {
@@ -201,11 +202,13 @@ async fn main() -> anyhow::Result<()> {
                         &ScoreParams::default(),
                     );
                     println!(
-                        "{:<9} {:<12} {:>10.1}% {:>8.1}%",
+                        "{:<9} {:<12} {:>10.1}% {:>8.1}% {:>9.2} us {:>9.2} us",
                         row.replicas,
                         row.policy,
                         row.stickiness * 100.0,
-                        row.hit_rate * 100.0
+                        row.hit_rate * 100.0,
+                        row.decide_p50_us,
+                        row.decide_p99_us
                     );
                     rows.push(row);
                 }
