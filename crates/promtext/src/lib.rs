@@ -47,23 +47,17 @@ pub trait Value {
     fn write_to(&self, out: &mut String);
 }
 
-impl Value for u64 {
-    fn write_to(&self, out: &mut String) {
-        let _ = write!(out, "{self}");
-    }
+/// Integers print as Rust prints them.
+macro_rules! integer_value {
+    ($($t:ty),*) => {$(
+        impl Value for $t {
+            fn write_to(&self, out: &mut String) {
+                let _ = write!(out, "{self}");
+            }
+        }
+    )*};
 }
-
-impl Value for i64 {
-    fn write_to(&self, out: &mut String) {
-        let _ = write!(out, "{self}");
-    }
-}
-
-impl Value for usize {
-    fn write_to(&self, out: &mut String) {
-        let _ = write!(out, "{self}");
-    }
-}
+integer_value!(u64, i64, usize);
 
 impl Value for f64 {
     fn write_to(&self, out: &mut String) {
@@ -101,13 +95,7 @@ impl Exposition {
         self.out.push_str("# HELP ");
         self.out.push_str(name);
         self.out.push(' ');
-        for c in help.chars() {
-            match c {
-                '\\' => self.out.push_str("\\\\"),
-                '\n' => self.out.push_str("\\n"),
-                c => self.out.push(c),
-            }
-        }
+        escape(&mut self.out, help, false);
         self.out.push_str("\n# TYPE ");
         self.out.push_str(name);
         self.out.push(' ');
@@ -128,14 +116,7 @@ impl Exposition {
                 debug_assert!(valid_name(k), "label name {k:?}");
                 self.out.push_str(k);
                 self.out.push_str("=\"");
-                for c in val.chars() {
-                    match c {
-                        '\\' => self.out.push_str("\\\\"),
-                        '"' => self.out.push_str("\\\""),
-                        '\n' => self.out.push_str("\\n"),
-                        c => self.out.push(c),
-                    }
-                }
+                escape(&mut self.out, val, true);
                 self.out.push('"');
             }
             self.out.push('}');
@@ -155,6 +136,19 @@ impl Exposition {
     /// The text.
     pub fn finish(self) -> String {
         self.out
+    }
+}
+
+/// Appends `s` escaped as the text format wants: backslash and newline always (HELP text),
+/// the double quote too inside a label value.
+fn escape(out: &mut String, s: &str, quote: bool) {
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '"' if quote => out.push_str("\\\""),
+            c => out.push(c),
+        }
     }
 }
 

@@ -459,19 +459,8 @@ fn export_loop(rx: Receiver<Msg>, setup: ExportSetup) {
     // Serving comes first: the exporter runs on CPU time the router leaves idle
     // (SCHED_IDLE). On a saturated machine its queue fills and spans are dropped and
     // counted, rather than taking CPU from requests.
-    #[cfg(target_os = "linux")]
-    {
-        use thread_priority::unix::{
-            set_thread_priority_and_policy, thread_native_id, NormalThreadSchedulePolicy,
-            ThreadSchedulePolicy,
-        };
-        if let Err(e) = set_thread_priority_and_policy(
-            thread_native_id(),
-            thread_priority::ThreadPriority::Min,
-            ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Idle),
-        ) {
-            tracing::debug!(error = ?e, "span export thread keeps normal priority");
-        }
+    if let Err(e) = idle_priority() {
+        tracing::debug!(error = %e, "span export thread keeps normal priority");
     }
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -587,6 +576,25 @@ fn drain_failed(rx: Receiver<Msg>) {
             }
         }
     }
+}
+
+/// Lowers the calling thread to `SCHED_IDLE`: it runs only on CPU nothing else wants.
+pub fn idle_priority() -> Result<(), String> {
+    #[cfg(target_os = "linux")]
+    {
+        use thread_priority::unix::{
+            set_thread_priority_and_policy, thread_native_id, NormalThreadSchedulePolicy,
+            ThreadSchedulePolicy,
+        };
+        set_thread_priority_and_policy(
+            thread_native_id(),
+            thread_priority::ThreadPriority::Min,
+            ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Idle),
+        )
+        .map_err(|e| format!("{e:?}"))
+    }
+    #[cfg(not(target_os = "linux"))]
+    Err("SCHED_IDLE is Linux only".into())
 }
 
 /// The W3C trace context of a request's headers (`traceparent`, `tracestate`).

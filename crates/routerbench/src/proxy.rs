@@ -187,7 +187,8 @@ fn collector() -> anyhow::Result<(SocketAddr, Collector)> {
     std::thread::Builder::new()
         .name("otlp-collector".into())
         .spawn(move || {
-            idle_priority();
+            // Best effort: without it the collector competes like any thread.
+            let _ = router_server::telemetry::idle_priority();
             rt.block_on(async move {
                 let Ok(l) = tokio::net::TcpListener::from_std(l) else {
                     return;
@@ -239,22 +240,6 @@ fn collector() -> anyhow::Result<(SocketAddr, Collector)> {
             })
         })?;
     Ok((addr, c))
-}
-
-/// Lowers the calling thread to SCHED_IDLE (best effort).
-fn idle_priority() {
-    #[cfg(target_os = "linux")]
-    {
-        use thread_priority::unix::{
-            set_thread_priority_and_policy, thread_native_id, NormalThreadSchedulePolicy,
-            ThreadSchedulePolicy,
-        };
-        let _ = set_thread_priority_and_policy(
-            thread_native_id(),
-            thread_priority::ThreadPriority::Min,
-            ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Idle),
-        );
-    }
 }
 
 /// Spans the router dropped, for any reason.
