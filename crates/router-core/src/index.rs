@@ -58,8 +58,15 @@ impl Hasher for IdentityHasher {
 }
 
 type Ident = BuildHasherDefault<IdentityHasher>;
-/// The ranks holding one fingerprint; almost always one or two.
+/// The ranks holding one fingerprint, sorted (membership is a binary search: a shared
+/// system prompt can be held by every rank of a large fleet); almost always one or two.
 pub type Holders = SmallVec<[RankId; 2]>;
+
+fn insert_sorted(holders: &mut Holders, rank: RankId) {
+    if let Err(at) = holders.binary_search(&rank) {
+        holders.insert(at, rank);
+    }
+}
 type PMap<V> = imbl::GenericHashMap<u64, V, Ident, imbl::shared_ptr::DefaultSharedPtr>;
 
 const NIL: u32 = u32::MAX;
@@ -96,31 +103,67 @@ pub struct IndexView {
 
 impl IndexView {
     /// For each rank, how many leading fingerprints of `hashes` it holds, contiguously from
-    /// the first. What a rank holds of a chain is always a prefix of it (every record is a
-    /// whole prefix, and a prompt's chunks are evicted tail first), so each rank's depth is
-    /// a binary search: O(log n) map lookups, shared between ranks, instead of n.
+    /// the first, sorted by rank.
+    ///
+    /// What a rank holds of a chain is always a prefix of it (every record is a whole
+    /// prefix, and a prompt's chunks are evicted tail first), so the holders of chunk `d + 1`
+    /// are a subset of the holders of chunk `d`, and depths are found by bisection: the
+    /// ranks whose depth lies in `lo..=hi` are split by the holders of the middle chunk and
+    /// each group goes on with its half, deepest group first. Because the deeper ranks are
+    /// all settled by then, the size of the middle chunk's holder list tells how many of the
+    /// group hold it; only a group that really splits is compared rank by rank. A system
+    /// prompt held by hundreds of ranks costs O(log n) map lookups, not hundreds of
+    /// membership tests per lookup.
     pub fn matches(&self, hashes: &[u64]) -> SmallVec<[(RankId, u32); 8]> {
         let mut out: SmallVec<[(RankId, u32); 8]> = SmallVec::new();
         let Some(first) = hashes.first().and_then(|h| self.map.get(h)) else {
             return out;
         };
+        // Sorted by rank, like every holder list; each group below stays sorted.
         out.extend(first.iter().map(|r| (*r, 1)));
-        let mut seen: SmallVec<[Option<Option<&Holders>>; 64]> =
-            smallvec::smallvec![None; hashes.len()];
-        for (rank, depth) in out.iter_mut() {
-            // The answer lies in lo..=hi; depth d means chunk d - 1 is held.
-            let (mut lo, mut hi) = (1, hashes.len());
-            while lo < hi {
-                let mid = lo + (hi - lo).div_ceil(2);
-                let holders = *seen[mid - 1].get_or_insert_with(|| self.map.get(&hashes[mid - 1]));
-                if holders.is_some_and(|h| h.contains(rank)) {
-                    lo = mid;
-                } else {
-                    hi = mid - 1;
-                }
+        let mut settled = 0;
+        let mut below: SmallVec<[(RankId, u32); 8]> = SmallVec::new();
+        // (start, end) of a group in `out`, and the lo..=hi its depths lie in. Groups on
+        // the stack are disjoint in depth, the deepest on top.
+        let mut work: SmallVec<[(usize, usize, usize, usize); 32]> = SmallVec::new();
+        work.push((0, out.len(), 1, hashes.len()));
+        while let Some((s, e, lo, hi)) = work.pop() {
+            if lo == hi {
+                out[s..e].iter_mut().for_each(|m| m.1 = lo as u32);
+                settled += e - s;
+                continue;
             }
-            *depth = lo as u32;
+            // Depth d means chunk d - 1 is held.
+            let mid = lo + (hi - lo).div_ceil(2);
+            let holders: &[RankId] = self.map.get(&hashes[mid - 1]).map_or(&[], |h| h);
+            let k = match holders.len().saturating_sub(settled) {
+                n if n >= e - s => e,
+                0 => s,
+                _ => {
+                    // A real split: keep the holders in front, both parts sorted.
+                    below.clear();
+                    let mut k = s;
+                    for i in s..e {
+                        if holders.binary_search(&out[i].0).is_ok() {
+                            out[k] = out[i];
+                            k += 1;
+                        } else {
+                            below.push(out[i]);
+                        }
+                    }
+                    out[k..e].copy_from_slice(&below);
+                    k
+                }
+            };
+            if k < e {
+                work.push((k, e, lo, mid - 1));
+            }
+            if s < k {
+                work.push((s, k, mid, hi));
+            }
         }
+        // A few sorted runs, one per group: a run-merging sort is linear here.
+        out.sort_by_key(|m| m.0);
         out
     }
 
@@ -138,8 +181,8 @@ impl IndexView {
         for r in routes {
             for h in &r.hashes {
                 let mut holders = out.map.get(h).cloned().unwrap_or_default();
-                if !holders.contains(&r.rank) {
-                    holders.push(r.rank);
+                if let Err(at) = holders.binary_search(&r.rank) {
+                    holders.insert(at, r.rank);
                     out.map.insert(*h, holders);
                 }
             }
@@ -378,7 +421,7 @@ impl CacheModel {
                     lru.entries += 1;
                     self.push_front(idx);
                     let mut holders = self.map.get(h).cloned().unwrap_or_default();
-                    holders.push(rank);
+                    insert_sorted(&mut holders, rank);
                     self.map.insert(*h, holders);
                 }
             }
@@ -521,7 +564,7 @@ impl CacheModel {
                 lru.entries += 1;
                 m.push_front(idx);
                 let mut holders = m.map.get(&hash).cloned().unwrap_or_default();
-                holders.push(r.rank);
+                insert_sorted(&mut holders, r.rank);
                 m.map.insert(hash, holders);
             }
         }
@@ -657,6 +700,7 @@ mod tests {
                 break;
             }
         }
+        out.sort_unstable();
         out
     }
 
@@ -674,7 +718,9 @@ mod tests {
         };
         for round in 0..20 {
             let mut m = CacheModel::new(300 + round * 40, 100);
-            for r in 0..4 {
+            // Up to 24 ranks: groups of ranks share the first chunks and split on bisection.
+            let ranks = 2 + rnd(23) as RankId;
+            for r in 0..ranks {
                 m.set_capacity(r, 50 + rnd(400));
             }
             // 12 conversations over 3 shared system prompts.
@@ -688,7 +734,7 @@ mod tests {
             for _ in 0..400 {
                 let c = &chains[rnd(12) as usize];
                 let len = 1 + rnd(c.len() as u64) as usize;
-                let rank = rnd(4) as RankId;
+                let rank = rnd(u64::from(ranks)) as RankId;
                 let tokens: Vec<u32> = (0..len).map(|_| 1 + rnd(20) as u32).collect();
                 m.record(rank, &c[..len], &tokens, None);
                 let v = m.view();

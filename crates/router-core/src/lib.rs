@@ -19,7 +19,8 @@ pub use health::{HealthMachine, HealthThresholds, HealthTransition, Outlier, Out
 pub use index::{CacheModel, IndexStats, IndexView, ModelSnapshot, RankId, Route};
 pub use machine::{Command, Machine, MachineSnapshot, Outcome, RankLoad, Rejection};
 pub use score::{
-    explain, select, Candidate, Decision, Policy, Reason, RouteInput, ScoreParams, Scored,
+    explain, select, select_top, Candidate, Decision, Policy, Reason, RouteInput, ScoreParams,
+    Scored,
 };
 pub use secret::ct_eq;
 pub use upstream_url::{parse_upstream_url, UpstreamUrl, UrlError};

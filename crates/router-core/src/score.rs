@@ -195,6 +195,20 @@ pub fn select(
     view: &IndexView,
     candidates: &[Candidate],
 ) -> Decision {
+    select_top(policy, params, input, view, candidates, usize::MAX)
+}
+
+/// [`select`], ordering only the best `want` candidates (at least one): the data plane
+/// needs the winner and its retry targets, not a sorted fleet of a thousand ranks. The
+/// first `want` entries are exactly those [`select`] puts first.
+pub fn select_top(
+    policy: Policy,
+    params: &ScoreParams,
+    input: &RouteInput<'_>,
+    view: &IndexView,
+    candidates: &[Candidate],
+    want: usize,
+) -> Decision {
     let n = candidates.len();
     if n == 0 {
         return Decision {
@@ -205,50 +219,110 @@ pub fn select(
             costs: None,
         };
     }
-    let rot = |i: usize| (i + (input.tie % n as u64) as usize) % n;
+    let want = want.clamp(1, n);
+    let shift = (input.tie % n as u64) as usize;
+    let rot = move |i: usize| {
+        if i + shift >= n {
+            i + shift - n
+        } else {
+            i + shift
+        }
+    };
     match policy {
         Policy::RoundRobin => {
-            let order = (0..n).map(rot).collect();
+            let order = (0..want).map(rot).collect();
             finish(order, Reason::RoundRobin, input, view, candidates)
         }
         Policy::Load => {
-            let order = by_cost(candidates, rot, |c| load_cost(params, c));
+            let order = by_cost(candidates, want, rot, |c| load_cost(params, c));
             finish(order, Reason::Load, input, view, candidates)
         }
         Policy::Session => match input.session {
             Some(s) => {
-                let mut order: SmallVec<[usize; 8]> = (0..n).collect();
-                order.sort_by_key(|i| {
-                    std::cmp::Reverse(xxh3_64_with_seed(&candidates[*i].key.to_le_bytes(), s))
+                let keys = candidates.iter().enumerate().map(|(i, c)| {
+                    let h = xxh3_64_with_seed(&c.key.to_le_bytes(), s);
+                    (std::cmp::Reverse(h), i)
                 });
+                let order = smallest(keys, want, |a, b| a.cmp(b))
+                    .into_iter()
+                    .map(|k| k.1)
+                    .collect();
                 finish(order, Reason::Session, input, view, candidates)
             }
             None => {
-                let order = by_cost(candidates, rot, |c| load_cost(params, c));
+                let order = by_cost(candidates, want, rot, |c| load_cost(params, c));
                 finish(order, Reason::Fallback, input, view, candidates)
             }
         },
-        Policy::Prefix => prefix(params, input, view, candidates, rot),
+        Policy::Prefix => prefix(params, input, view, candidates, want, rot),
     }
 }
 
+/// The `want` smallest of `keys` (by `cmp`, a total order), sorted. A handful (the usual
+/// winner plus retry targets) is kept by insertion in one pass with no allocation, so a
+/// thousand-rank fleet costs one comparison per rank; more are partially selected, then
+/// sorted.
+fn smallest<K>(
+    keys: impl Iterator<Item = K>,
+    want: usize,
+    cmp: impl Fn(&K, &K) -> std::cmp::Ordering,
+) -> SmallVec<[K; 8]> {
+    use std::cmp::Ordering::Less;
+    if want <= 8 {
+        let mut top: SmallVec<[K; 8]> = SmallVec::new();
+        for k in keys {
+            if top.len() == want {
+                if cmp(&k, &top[want - 1]) != Less {
+                    continue;
+                }
+                top.pop();
+            }
+            let at = top.partition_point(|x| cmp(x, &k) == Less);
+            top.insert(at, k);
+        }
+        return top;
+    }
+    let mut all: Vec<K> = keys.collect();
+    if want < all.len() {
+        all.select_nth_unstable_by(want - 1, &cmp);
+        all.truncate(want);
+    }
+    all.sort_unstable_by(cmp);
+    all.into_iter().collect()
+}
+
 fn load_cost(p: &ScoreParams, c: &Candidate) -> f64 {
-    (p.prefill_weight * c.queued_prefill as f64 + p.decode_weight * c.decodes as f64)
-        / c.weight.max(1e-9)
+    load_of(p, c).0
+}
+
+/// A candidate's load cost and 1 / its weight: one division, none for the usual weight
+/// of 1 (recomputing this is cheaper than storing it for a thousand candidates).
+#[inline(always)]
+fn load_of(p: &ScoreParams, c: &Candidate) -> (f64, f64) {
+    let inv_weight = if c.weight == 1.0 {
+        1.0
+    } else {
+        1.0 / c.weight.max(1e-9)
+    };
+    let load = (p.prefill_weight * c.queued_prefill as f64 + p.decode_weight * c.decodes as f64)
+        * inv_weight;
+    (load, inv_weight)
 }
 
 fn by_cost(
     candidates: &[Candidate],
+    want: usize,
     rot: impl Fn(usize) -> usize,
     cost: impl Fn(&Candidate) -> f64,
 ) -> SmallVec<[usize; 8]> {
-    let mut keyed: SmallVec<[(f64, usize, usize); 8]> = candidates
+    let keys = candidates
         .iter()
         .enumerate()
-        .map(|(i, c)| (cost(c), rot(i), i))
-        .collect();
-    keyed.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-    keyed.into_iter().map(|k| k.2).collect()
+        .map(|(i, c)| (cost(c), rot(i), i));
+    smallest(keys, want, |a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
+        .into_iter()
+        .map(|k| k.2)
+        .collect()
 }
 
 /// Fills in cache predictions for a non-prefix policy (for metrics only).
@@ -260,11 +334,10 @@ fn finish(
     candidates: &[Candidate],
 ) -> Decision {
     let first = candidates[order[0]].rank;
-    let matched = view
-        .matches(&input.fps.hashes)
-        .iter()
-        .find(|(r, _)| *r == first)
-        .map_or(0, |m| m.1);
+    let matches = view.matches(&input.fps.hashes);
+    let matched = matches
+        .binary_search_by_key(&first, |m| m.0)
+        .map_or(0, |i| matches[i].1);
     Decision {
         order,
         reason,
@@ -296,59 +369,109 @@ pub struct Scored {
     pub hinted: bool,
 }
 
-/// Per-candidate costs of the `prefix` policy, in candidate order, with the longest match
-/// any candidate has.
-fn prefix_costs(
-    params: &ScoreParams,
-    input: &RouteInput<'_>,
-    view: &IndexView,
-    candidates: &[Candidate],
-) -> (SmallVec<[Scored; 8]>, u32) {
-    let matches = view.matches(&input.fps.hashes);
-    let matched_of = |rank: RankId| matches.iter().find(|(r, _)| *r == rank).map_or(0, |m| m.1);
-    let best_matched = candidates
-        .iter()
-        .map(|c| matched_of(c.rank))
-        .max()
-        .unwrap_or(0);
-    let hinted = if params.session_hint {
-        input
-            .session
-            .and_then(|s| view.session(s))
-            .filter(|r| candidates.iter().any(|c| c.rank == *r))
-    } else {
-        None
-    };
-    let total = input.fps.total_tokens;
-    let loads: SmallVec<[f64; 8]> = candidates.iter().map(|c| load_cost(params, c)).collect();
-    let min_load = loads.iter().copied().fold(f64::INFINITY, f64::min);
-    let scored = candidates
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            let own = matched_of(c.rank);
-            let credited = if hinted == Some(c.rank) {
-                own.max(best_matched)
-            } else {
-                own
-            };
-            let cached = input.fps.tokens_of_prefix(credited as usize).min(total);
-            let pressure = 1.0 + params.kv_pressure_weight * view.fill(c.rank);
-            let uncached = (total - cached) as f64 * pressure / c.weight.max(1e-9);
-            let excess = (loads[i] - min_load - params.load_slack).max(0.0);
-            Scored {
-                index: i,
-                rank: c.rank,
-                matched_chunks: own,
-                cached_tokens: cached,
-                load: loads[i],
-                excess_load: excess,
-                cost: uncached + excess,
-                hinted: hinted == Some(c.rank),
+/// What the `prefix` cost of any candidate needs, computed once per request: each
+/// candidate is then O(1), so a decision is O(candidates + matching ranks * log chunks).
+struct Costing<'a> {
+    params: &'a ScoreParams,
+    candidates: &'a [Candidate],
+    /// Matched chunks by rank id, for every candidate's rank (all 0 when no rank holds the
+    /// first chunk).
+    depth: Vec<u32>,
+
+    /// Tokens of the first `i` chunks, for every `i` up to the deepest match.
+    tokens_upto: Vec<u64>,
+    view: &'a IndexView,
+    best_matched: u32,
+    hinted: Option<RankId>,
+    min_load: f64,
+    total: u64,
+}
+
+impl<'a> Costing<'a> {
+    fn new(
+        params: &'a ScoreParams,
+        input: &RouteInput<'_>,
+        view: &'a IndexView,
+        candidates: &'a [Candidate],
+    ) -> Self {
+        let matches = view.matches(&input.fps.hashes);
+        // Dense by rank id, so the per-candidate loop below is plain indexing.
+        let top_rank = candidates.iter().map(|c| c.rank).max().unwrap_or(0) as usize;
+        let mut depth = vec![0u32; top_rank + 1];
+        for (r, d) in &matches {
+            if let Some(slot) = depth.get_mut(*r as usize) {
+                *slot = *d;
             }
-        })
-        .collect();
-    (scored, best_matched)
+        }
+        let (mut best_matched, mut min_load) = (0, f64::INFINITY);
+        for c in candidates {
+            best_matched = best_matched.max(depth[c.rank as usize]);
+            let load = load_of(params, c).0;
+            if load < min_load {
+                min_load = load;
+            }
+        }
+        let mut tokens_upto = Vec::with_capacity(best_matched as usize + 1);
+        tokens_upto.push(0);
+        for t in input.fps.chunk_tokens.iter().take(best_matched as usize) {
+            tokens_upto.push(tokens_upto[tokens_upto.len() - 1] + u64::from(*t));
+        }
+        let hinted = if params.session_hint {
+            input
+                .session
+                .and_then(|s| view.session(s))
+                .filter(|r| candidates.iter().any(|c| c.rank == *r))
+        } else {
+            None
+        };
+        Costing {
+            params,
+            candidates,
+            depth,
+            view,
+            tokens_upto,
+            best_matched,
+            hinted,
+            min_load,
+            total: input.fps.total_tokens,
+        }
+    }
+
+    /// Candidate `i`'s matched chunks, cached tokens credited, whether the hint points at
+    /// it, its load and its cost: the whole per-candidate work of a decision.
+    #[inline(always)]
+    fn cost(&self, i: usize) -> (u32, u64, bool, f64, f64) {
+        let c = &self.candidates[i];
+        let own = self.depth[c.rank as usize];
+        let hinted = self.hinted == Some(c.rank);
+        let credited = if hinted {
+            own.max(self.best_matched)
+        } else {
+            own
+        };
+        let cached = self.tokens_upto[credited as usize].min(self.total);
+        let pressure = 1.0 + self.params.kv_pressure_weight * self.view.fill(c.rank);
+        let (load, inv_weight) = load_of(self.params, c);
+        let uncached = (self.total - cached) as f64 * pressure * inv_weight;
+        // Never NaN (weights are clamped above zero): a plain compare, not `f64::max`.
+        let over = load - self.min_load - self.params.load_slack;
+        let excess = if over > 0.0 { over } else { 0.0 };
+        (own, cached, hinted, load, uncached + excess)
+    }
+
+    fn score(&self, i: usize) -> Scored {
+        let (own, cached, hinted, load, cost) = self.cost(i);
+        Scored {
+            index: i,
+            rank: self.candidates[i].rank,
+            matched_chunks: own,
+            cached_tokens: cached,
+            load,
+            excess_load: (load - self.min_load - self.params.load_slack).max(0.0),
+            cost,
+            hinted,
+        }
+    }
 }
 
 /// What the `prefix` policy sees for each candidate, best first (the order `select`
@@ -359,12 +482,15 @@ pub fn explain(
     view: &IndexView,
     candidates: &[Candidate],
 ) -> Vec<Scored> {
-    let (scored, best) = prefix_costs(params, input, view, candidates);
+    if candidates.is_empty() {
+        return Vec::new();
+    }
+    let costing = Costing::new(params, input, view, candidates);
     let n = candidates.len().max(1);
-    let d = prefix_order(input, &scored, best, |i| {
+    let d = prefix_order(&costing, candidates.len(), |i| {
         (i + (input.tie % n as u64) as usize) % n
     });
-    d.order.iter().map(|i| scored[*i]).collect()
+    d.order.iter().map(|i| costing.score(*i)).collect()
 }
 
 fn prefix(
@@ -372,33 +498,32 @@ fn prefix(
     input: &RouteInput<'_>,
     view: &IndexView,
     candidates: &[Candidate],
+    want: usize,
     rot: impl Fn(usize) -> usize,
 ) -> Decision {
-    let (scored, best_matched) = prefix_costs(params, input, view, candidates);
-    prefix_order(input, &scored, best_matched, rot)
+    let costing = Costing::new(params, input, view, candidates);
+    let mut d = prefix_order(&costing, want.max(2), rot);
+    // The runner-up's cost is kept for traces even when only the winner was wanted.
+    d.order.truncate(want);
+    d
 }
 
-/// The `prefix` decision from its per-candidate costs: lowest cost, then load, then the
-/// rotation.
-fn prefix_order(
-    input: &RouteInput<'_>,
-    scored: &[Scored],
-    best_matched: u32,
-    rot: impl Fn(usize) -> usize,
-) -> Decision {
-    let mut keyed: SmallVec<[(f64, f64, usize, usize); 8]> = scored
-        .iter()
-        .map(|s| (s.cost, s.load, rot(s.index), s.index))
-        .collect();
-    keyed.sort_by(|a, b| {
+/// The `prefix` decision: lowest cost, then load, then the rotation.
+fn prefix_order(costing: &Costing<'_>, want: usize, rot: impl Fn(usize) -> usize) -> Decision {
+    let keys = (0..costing.candidates.len()).map(|i| {
+        let (_, _, _, load, cost) = costing.cost(i);
+        (cost, load, rot(i), i)
+    });
+    let keyed = smallest(keys, want, |a, b| {
         a.0.total_cmp(&b.0)
             .then(a.1.total_cmp(&b.1))
             .then(a.2.cmp(&b.2))
     });
     let costs = Some((keyed[0].0, keyed.get(1).map(|k| k.0)));
     let order: SmallVec<[usize; 8]> = keyed.into_iter().map(|k| k.3).collect();
-    let win = &scored[order[0]];
+    let win = costing.score(order[0]);
     let own = win.matched_chunks;
+    let best_matched = costing.best_matched;
     let reason = if win.hinted && own < best_matched {
         Reason::Session
     } else if best_matched == 0 {
@@ -411,7 +536,7 @@ fn prefix_order(
     Decision {
         order,
         reason,
-        predicted_cached_tokens: input.fps.tokens_of_prefix(own as usize),
+        predicted_cached_tokens: costing.tokens_upto.get(own as usize).copied().unwrap_or(0),
         matched_chunks: own,
         costs,
     }
@@ -690,6 +815,83 @@ mod tests {
             let d = pick(Policy::Prefix, &next, &m, &c, 1);
             assert_eq!(d.order[0], 0);
             assert_eq!(d.reason, Reason::PrefixHit);
+        }
+    }
+
+    /// The partial selection the data plane uses orders exactly the first `want`
+    /// candidates of the full sort, for every policy, on fleets from 1 to 300 ranks with
+    /// shared prefixes, random loads, weights, a session hint and ties.
+    #[test]
+    fn select_top_is_the_head_of_the_full_order() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n.max(1)
+        };
+        for round in 0..60u64 {
+            let n = 1 + rnd(300) as u32;
+            let mut m = CacheModel::new(1_000_000, 1000);
+            for r in 0..n {
+                m.set_capacity(r, 20_000 + rnd(40_000));
+            }
+            let f = fp(40, 256);
+            // Most ranks hold the shared first chunks, a few hold the whole conversation.
+            for r in 0..n {
+                let depth = match rnd(4) {
+                    0 => 0,
+                    1 => 1 + rnd(40) as usize,
+                    _ => 8,
+                };
+                m.record(
+                    r,
+                    &f.hashes[..depth],
+                    &f.chunk_tokens[..depth],
+                    Some(u64::from(r)),
+                );
+            }
+            let mut c = cands(n);
+            for cand in &mut c {
+                // Equal loads on a third of them: ties the rotation must break.
+                if rnd(3) > 0 {
+                    cand.queued_prefill = rnd(20_000);
+                    cand.decodes = rnd(6);
+                }
+                if rnd(5) == 0 {
+                    cand.weight = 0.5 + rnd(3) as f64 * 0.5;
+                }
+            }
+            let input = RouteInput {
+                fps: &f,
+                session: (round % 2 == 0).then(|| rnd(u64::from(n))),
+                tie: rnd(1000),
+            };
+            let p = ScoreParams::default();
+            let v = m.view();
+            for policy in [
+                Policy::Prefix,
+                Policy::Load,
+                Policy::RoundRobin,
+                Policy::Session,
+            ] {
+                let full = select(policy, &p, &input, &v, &c);
+                assert_eq!(full.order.len(), n as usize);
+                for want in [1, 2, 3, 8, 9, 40] {
+                    let top = select_top(policy, &p, &input, &v, &c, want);
+                    let k = want.min(n as usize);
+                    assert_eq!(
+                        &top.order[..],
+                        &full.order[..k],
+                        "{policy:?} n={n} want={want}"
+                    );
+                    assert_eq!(top.reason, full.reason);
+                    assert_eq!(top.predicted_cached_tokens, full.predicted_cached_tokens);
+                    if policy == Policy::Prefix {
+                        assert_eq!(top.costs, full.costs);
+                    }
+                }
+            }
         }
     }
 }

@@ -10,7 +10,7 @@
 use crate::rng::Rng;
 use engine_sim::cache::PrefixCache;
 use router_core::{
-    select, CacheModel, Candidate, FingerprintConfig, Policy, RouteInput, ScoreParams,
+    select_top, CacheModel, Candidate, FingerprintConfig, Policy, RouteInput, ScoreParams,
 };
 use serde::Serialize;
 use xxhash_rust::xxh3::xxh3_64;
@@ -186,7 +186,8 @@ pub fn simulate(shape: Shape, policy: Policy, params: &ScoreParams) -> Row {
             // decision: only `select` is timed.
             let view = model.view();
             let t0 = std::time::Instant::now();
-            let dec = select(
+            // Ordered as the router orders them: its default three attempts.
+            let dec = select_top(
                 policy,
                 params,
                 &RouteInput {
@@ -196,6 +197,7 @@ pub fn simulate(shape: Shape, policy: Policy, params: &ScoreParams) -> Row {
                 },
                 &view,
                 &cands,
+                3,
             );
             decide_ns.push(t0.elapsed().as_nanos() as f64);
             if matches!(

@@ -17,7 +17,7 @@ use hyper::body::Incoming;
 use opentelemetry::trace::SpanKind;
 use opentelemetry::KeyValue;
 use router_core::{
-    fingerprint_json, select, Candidate, CanonError, Endpoint, Fingerprints, Reason, RouteInput,
+    fingerprint_json, select_top, Candidate, CanonError, Endpoint, Fingerprints, Reason, RouteInput,
 };
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -231,7 +231,7 @@ pub async fn inference(
     let session = session_of(&parts.headers, print.session_id.as_deref());
     let route_trace = trace.child("route", SpanKind::Internal, Vec::new);
     // Snapshots are read and released before any await: their guards are per-thread slots.
-    let (d, order) = {
+    let (d, order, candidates) = {
         let topo = ctx.state.topology();
         let eligible: Vec<&Arc<RankState>> = topo.ranks.iter().filter(|r| r.eligible()).collect();
         if eligible.is_empty() {
@@ -242,7 +242,8 @@ pub async fn inference(
         // The rotation advances only on decisions that were ties in practice (cold prompts,
         // round robin), so a fixed number of warm turns per conversation cannot alias it.
         let tie = ctx.tie.load(Relaxed).wrapping_add(ctx.cfg.seed);
-        let d = select(
+        // Only the attempts this request may make are ordered.
+        let d = select_top(
             ctx.cfg.policy,
             &ctx.cfg.score,
             &RouteInput {
@@ -252,9 +253,10 @@ pub async fn inference(
             },
             &ctx.state.view(),
             &cands,
+            ctx.cfg.max_attempts as usize,
         );
         let order: Vec<Arc<RankState>> = d.order.iter().map(|i| eligible[*i].clone()).collect();
-        (d, order)
+        (d, order, cands.len())
     };
     route_trace.set(|| {
         let pending = ctx.state.pending_routes();
@@ -264,7 +266,7 @@ pub async fn inference(
                 "policy",
                 format!("{:?}", ctx.cfg.policy).to_ascii_lowercase(),
             ),
-            KeyValue::new("candidates", order.len() as i64),
+            KeyValue::new("candidates", candidates as i64),
             KeyValue::new("rank", label(&order[0])),
             KeyValue::new("reason", d.reason.label()),
             KeyValue::new("predicted_cached_tokens", d.predicted_cached_tokens as i64),
