@@ -262,7 +262,7 @@ pub fn select_top(
 /// winner plus retry targets) is kept by insertion in one pass with no allocation, so a
 /// thousand-rank fleet costs one comparison per rank; more are partially selected, then
 /// sorted.
-fn smallest<K>(
+fn smallest<K: Copy>(
     keys: impl Iterator<Item = K>,
     want: usize,
     cmp: impl Fn(&K, &K) -> std::cmp::Ordering,
@@ -270,15 +270,20 @@ fn smallest<K>(
     use std::cmp::Ordering::Less;
     if want <= 8 {
         let mut top: SmallVec<[K; 8]> = SmallVec::new();
+        // The worst kept key, by value: checked before anything else for each key.
+        let mut worst: Option<K> = None;
         for k in keys {
-            if top.len() == want {
-                if cmp(&k, &top[want - 1]) != Less {
+            if let Some(w) = &worst {
+                if cmp(&k, w) != Less {
                     continue;
                 }
                 top.pop();
             }
             let at = top.partition_point(|x| cmp(x, &k) == Less);
             top.insert(at, k);
+            if top.len() == want {
+                worst = top.last().copied();
+            }
         }
         return top;
     }
@@ -289,6 +294,19 @@ fn smallest<K>(
     }
     all.sort_unstable_by(cmp);
     all.into_iter().collect()
+}
+
+/// `f64::total_cmp` with the common case first: two plain compares, which the loop over a
+/// thousand candidates feels (the bit juggling of `total_cmp` only runs on equal values).
+#[inline(always)]
+fn cmp_f64(a: f64, b: f64) -> std::cmp::Ordering {
+    if a < b {
+        std::cmp::Ordering::Less
+    } else if a > b {
+        std::cmp::Ordering::Greater
+    } else {
+        a.total_cmp(&b)
+    }
 }
 
 fn load_cost(p: &ScoreParams, c: &Candidate) -> f64 {
@@ -315,14 +333,13 @@ fn by_cost(
     rot: impl Fn(usize) -> usize,
     cost: impl Fn(&Candidate) -> f64,
 ) -> SmallVec<[usize; 8]> {
-    let keys = candidates
-        .iter()
-        .enumerate()
-        .map(|(i, c)| (cost(c), rot(i), i));
-    smallest(keys, want, |a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
-        .into_iter()
-        .map(|k| k.2)
-        .collect()
+    let keys = candidates.iter().enumerate().map(|(i, c)| (cost(c), i));
+    smallest(keys, want, |a, b| {
+        cmp_f64(a.0, b.0).then_with(|| rot(a.1).cmp(&rot(b.1)))
+    })
+    .into_iter()
+    .map(|k| k.1)
+    .collect()
 }
 
 /// Fills in cache predictions for a non-prefix policy (for metrics only).
@@ -452,7 +469,7 @@ impl<'a> Costing<'a> {
         let cached = self.tokens_upto[credited as usize].min(self.total);
         let pressure = 1.0 + self.params.kv_pressure_weight * self.view.fill(c.rank);
         let (load, inv_weight) = load_of(self.params, c);
-        let uncached = (self.total - cached) as f64 * pressure * inv_weight;
+        let uncached = (self.total - cached) as i64 as f64 * pressure * inv_weight;
         // Never NaN (weights are clamped above zero): a plain compare, not `f64::max`.
         let over = load - self.min_load - self.params.load_slack;
         let excess = if over > 0.0 { over } else { 0.0 };
@@ -512,15 +529,16 @@ fn prefix(
 fn prefix_order(costing: &Costing<'_>, want: usize, rot: impl Fn(usize) -> usize) -> Decision {
     let keys = (0..costing.candidates.len()).map(|i| {
         let (_, _, _, load, cost) = costing.cost(i);
-        (cost, load, rot(i), i)
+        (cost, load, i)
     });
+    // The rotation only matters on ties: computed inside the comparison.
     let keyed = smallest(keys, want, |a, b| {
-        a.0.total_cmp(&b.0)
-            .then(a.1.total_cmp(&b.1))
-            .then(a.2.cmp(&b.2))
+        cmp_f64(a.0, b.0)
+            .then_with(|| cmp_f64(a.1, b.1))
+            .then_with(|| rot(a.2).cmp(&rot(b.2)))
     });
     let costs = Some((keyed[0].0, keyed.get(1).map(|k| k.0)));
-    let order: SmallVec<[usize; 8]> = keyed.into_iter().map(|k| k.3).collect();
+    let order: SmallVec<[usize; 8]> = keyed.into_iter().map(|k| k.2).collect();
     let win = costing.score(order[0]);
     let own = win.matched_chunks;
     let best_matched = costing.best_matched;
