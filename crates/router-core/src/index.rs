@@ -141,10 +141,15 @@ impl IndexView {
                 0 => s,
                 _ => {
                     // A real split: keep the holders in front, both parts sorted.
+                    // Both sorted by rank: one merge walk, not a search per rank.
                     below.clear();
-                    let mut k = s;
+                    let (mut k, mut j) = (s, 0);
                     for i in s..e {
-                        if holders.binary_search(&out[i].0).is_ok() {
+                        let r = out[i].0;
+                        while j < holders.len() && holders[j] < r {
+                            j += 1;
+                        }
+                        if j < holders.len() && holders[j] == r {
                             out[k] = out[i];
                             k += 1;
                         } else {

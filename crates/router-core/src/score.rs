@@ -391,10 +391,11 @@ pub struct Scored {
 struct Costing<'a> {
     params: &'a ScoreParams,
     candidates: &'a [Candidate],
-    /// Matched chunks by rank id, for every candidate's rank (all 0 when no rank holds the
-    /// first chunk).
+    /// Matched chunks by rank (from `matches`, empty when no rank holds the first chunk).
+    matches: SmallVec<[(RankId, u32); 8]>,
+    /// Matched chunks by rank id, for every candidate's rank: a per-thread table, zero
+    /// but where `matches` set it, so a request neither allocates nor clears it whole.
     depth: Vec<u32>,
-
     /// Tokens of the first `i` chunks, for every `i` up to the deepest match.
     tokens_upto: Vec<u64>,
     view: &'a IndexView,
@@ -412,9 +413,11 @@ impl<'a> Costing<'a> {
         candidates: &'a [Candidate],
     ) -> Self {
         let matches = view.matches(&input.fps.hashes);
-        // Dense by rank id, so the per-candidate loop below is plain indexing.
+        let mut depth = DEPTH.with(|d| std::mem::take(&mut *d.borrow_mut()));
         let top_rank = candidates.iter().map(|c| c.rank).max().unwrap_or(0) as usize;
-        let mut depth = vec![0u32; top_rank + 1];
+        if depth.len() <= top_rank {
+            depth.resize(top_rank + 1, 0);
+        }
         for (r, d) in &matches {
             if let Some(slot) = depth.get_mut(*r as usize) {
                 *slot = *d;
@@ -444,6 +447,7 @@ impl<'a> Costing<'a> {
         Costing {
             params,
             candidates,
+            matches,
             depth,
             view,
             tokens_upto,
@@ -488,6 +492,24 @@ impl<'a> Costing<'a> {
             cost,
             hinted,
         }
+    }
+}
+
+thread_local! {
+    /// [`Costing`]'s depth table, kept between requests on each thread.
+    static DEPTH: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl Drop for Costing<'_> {
+    fn drop(&mut self) {
+        // Back to all zeros, then back to the thread.
+        for (r, _) in &self.matches {
+            if let Some(slot) = self.depth.get_mut(*r as usize) {
+                *slot = 0;
+            }
+        }
+        let depth = std::mem::take(&mut self.depth);
+        DEPTH.with(|d| *d.borrow_mut() = depth);
     }
 }
 

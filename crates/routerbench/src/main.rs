@@ -4,6 +4,7 @@ mod canonbench;
 mod cluster;
 mod compare;
 mod fleet;
+mod indexbench;
 mod metricsbench;
 mod peers;
 mod procs;
@@ -38,6 +39,9 @@ enum Cmd {
     Cluster(cluster::ClusterArgs),
     /// Route records replicated per second across Raft peers (gRPC + sled, in process).
     Raft(raftbench::RaftArgs),
+    /// The replicated state at 10M entries: bytes per entry, snapshot size and build time,
+    /// restart to routing (the peer's sled-backed state machine store, in process).
+    Index(indexbench::IndexArgs),
     /// CPU cost of canonicalizing and fingerprinting one request body.
     Canon(canonbench::CanonArgs),
     /// Metric updates per request: the router's lock-free writer vs prometheus-client.
@@ -225,6 +229,9 @@ async fn main() -> anyhow::Result<()> {
         }
         Cmd::Raft(r) => {
             raftbench::run(r).await?;
+        }
+        Cmd::Index(i) => {
+            indexbench::run(i).await?;
         }
         Cmd::Canon(c) => {
             canonbench::run(c)?;
