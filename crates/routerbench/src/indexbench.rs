@@ -209,3 +209,24 @@ async fn measure(a: &IndexArgs, dir: &std::path::Path) -> anyhow::Result<()> {
     anyhow::ensure!(same, "the restored state differs");
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The short profile: a small fill through the real store, a snapshot written to sled,
+    /// the store reopened from it with the same digest (the run fails otherwise).
+    #[tokio::test]
+    async fn small_fill_snapshots_and_restarts_with_the_same_state() {
+        run(IndexArgs {
+            entries: 20_000,
+            ranks: 4,
+            apps: 8,
+            shared: 8,
+            hashes: 40,
+            batch: 64,
+        })
+        .await
+        .unwrap();
+    }
+}
