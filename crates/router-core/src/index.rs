@@ -58,13 +58,16 @@ impl Hasher for IdentityHasher {
 }
 
 type Ident = BuildHasherDefault<IdentityHasher>;
-/// The ranks holding one fingerprint, sorted (membership is a binary search: a shared
-/// system prompt can be held by every rank of a large fleet); almost always one or two.
-pub type Holders = SmallVec<[RankId; 2]>;
+/// The ranks holding one fingerprint, sorted by rank (membership is a binary search: a
+/// shared system prompt can be held by every rank of a large fleet), each with its LRU
+/// node in the writer's model (`NIL` in an overlay). Carrying the node here is what lets
+/// the writer find a (fingerprint, rank) entry without a second map. Almost always one.
+pub type Holders = SmallVec<[(RankId, u32); 1]>;
 
-fn insert_sorted(holders: &mut Holders, rank: RankId) {
-    if let Err(at) = holders.binary_search(&rank) {
-        holders.insert(at, rank);
+fn insert_sorted(holders: &mut Holders, rank: RankId, node: u32) {
+    match holders.binary_search_by_key(&rank, |h| h.0) {
+        Ok(at) => holders[at].1 = node,
+        Err(at) => holders.insert(at, (rank, node)),
     }
 }
 type PMap<V> = imbl::GenericHashMap<u64, V, Ident, imbl::shared_ptr::DefaultSharedPtr>;
@@ -120,7 +123,7 @@ impl IndexView {
             return out;
         };
         // Sorted by rank, like every holder list; each group below stays sorted.
-        out.extend(first.iter().map(|r| (*r, 1)));
+        out.extend(first.iter().map(|h| (h.0, 1)));
         let mut settled = 0;
         let mut below: SmallVec<[(RankId, u32); 8]> = SmallVec::new();
         // (start, end) of a group in `out`, and the lo..=hi its depths lie in. Groups on
@@ -135,7 +138,7 @@ impl IndexView {
             }
             // Depth d means chunk d - 1 is held.
             let mid = lo + (hi - lo).div_ceil(2);
-            let holders: &[RankId] = self.map.get(&hashes[mid - 1]).map_or(&[], |h| h);
+            let holders: &[(RankId, u32)] = self.map.get(&hashes[mid - 1]).map_or(&[], |h| h);
             let k = match holders.len().saturating_sub(settled) {
                 n if n >= e - s => e,
                 0 => s,
@@ -146,10 +149,10 @@ impl IndexView {
                     let (mut k, mut j) = (s, 0);
                     for i in s..e {
                         let r = out[i].0;
-                        while j < holders.len() && holders[j] < r {
+                        while j < holders.len() && holders[j].0 < r {
                             j += 1;
                         }
-                        if j < holders.len() && holders[j] == r {
+                        if j < holders.len() && holders[j].0 == r {
                             out[k] = out[i];
                             k += 1;
                         } else {
@@ -186,8 +189,8 @@ impl IndexView {
         for r in routes {
             for h in &r.hashes {
                 let mut holders = out.map.get(h).cloned().unwrap_or_default();
-                if let Err(at) = holders.binary_search(&r.rank) {
-                    holders.insert(at, r.rank);
+                if let Err(at) = holders.binary_search_by_key(&r.rank, |h| h.0) {
+                    holders.insert(at, (r.rank, NIL));
                     out.map.insert(*h, holders);
                 }
             }
@@ -265,7 +268,8 @@ pub struct ModelSnapshot {
 #[derive(Clone)]
 pub struct CacheModel {
     map: PMap<Holders>,
-    slots: HashMap<(u64, RankId), u32, BuildHasherDefault<SlotHasher>>,
+    /// (fingerprint, rank) entries: nodes in use.
+    entries: u64,
     nodes: Vec<Node>,
     free: Vec<u32>,
     ranks: Vec<RankLru>,
@@ -278,29 +282,11 @@ pub struct CacheModel {
     cap_evictions: u64,
 }
 
-#[derive(Default)]
-struct SlotHasher(u64);
-impl Hasher for SlotHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 ^= v;
-    }
-    fn write_u32(&mut self, v: u32) {
-        self.0 = self.0.rotate_left(29) ^ u64::from(v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
-/// Approximate bytes one (fingerprint, rank) entry costs: the LRU node, the slot map entry
-/// and the persistent map's share (holder list plus trie node overhead).
+/// Approximate bytes one (fingerprint, rank) entry costs: the LRU node and the persistent
+/// map's share (holder list plus trie node overhead). A lower bound: `routerbench index`
+/// measures the resident figure, which the trie's partly filled nodes raise.
 pub const BYTES_PER_ENTRY: u64 =
-    (std::mem::size_of::<Node>() + 24 + 8 + std::mem::size_of::<Holders>() + 16) as u64;
+    (std::mem::size_of::<Node>() + std::mem::size_of::<Holders>() + 16) as u64;
 
 impl CacheModel {
     /// An empty model holding at most `max_entries` (fingerprint, rank) entries and
@@ -308,7 +294,7 @@ impl CacheModel {
     pub fn new(max_entries: u64, max_sessions: u64) -> Self {
         CacheModel {
             map: PMap::default(),
-            slots: HashMap::default(),
+            entries: 0,
             nodes: Vec::new(),
             free: Vec::new(),
             ranks: Vec::new(),
@@ -392,16 +378,42 @@ impl CacheModel {
         }
         self.tick += 1;
         let tick = self.tick;
+        // The node expected to hold the next chunk down: a conversation re-sends its
+        // prefix, whose chunks sit next to each other in the rank's list (the last record
+        // left them there, head first), so a touch usually needs no map lookup. Always a
+        // live node of this rank's list (a neighbour of one), or NIL.
+        let mut hint = NIL;
         // Last to first: the head of the prefix ends up most recent.
         for (i, h) in hashes.iter().enumerate().rev() {
             let tokens = chunk_tokens.get(i).copied().unwrap_or(0);
-            match self.slots.get(&(*h, rank)) {
-                Some(&idx) => {
+            let hinted = (hint != NIL)
+                .then(|| &self.nodes[hint as usize])
+                .filter(|n| n.hash == *h && n.rank == rank)
+                .map(|_| hint);
+            // Otherwise one lookup tells whether this rank holds the chunk (and its node)
+            // and gives the holder list to extend when it does not.
+            let found = if hinted.is_some() {
+                None
+            } else {
+                self.map.get(h)
+            };
+            let held = hinted.or_else(|| {
+                found.and_then(|hs| {
+                    hs.binary_search_by_key(&rank, |x| x.0)
+                        .ok()
+                        .map(|at| hs[at].1)
+                })
+            });
+            match held {
+                Some(idx) => {
+                    hint = self.nodes[idx as usize].prev;
                     self.unlink(idx);
                     self.nodes[idx as usize].tick = tick;
                     self.push_front(idx);
                 }
                 None => {
+                    hint = NIL;
+                    let mut holders = found.cloned().unwrap_or_default();
                     let node = Node {
                         hash: *h,
                         tick,
@@ -420,19 +432,18 @@ impl CacheModel {
                             (self.nodes.len() - 1) as u32
                         }
                     };
-                    self.slots.insert((*h, rank), idx);
+                    self.entries += 1;
                     let lru = &mut self.ranks[rank as usize];
                     lru.tokens += u64::from(tokens);
                     lru.entries += 1;
                     self.push_front(idx);
-                    let mut holders = self.map.get(h).cloned().unwrap_or_default();
-                    insert_sorted(&mut holders, rank);
+                    insert_sorted(&mut holders, rank, idx);
                     self.map.insert(*h, holders);
                 }
             }
         }
         self.evict_rank_to_capacity(rank);
-        while self.slots.len() as u64 > self.max_entries {
+        while self.entries > self.max_entries {
             self.evict_globally_oldest();
         }
         if let Some(s) = session {
@@ -467,8 +478,8 @@ impl CacheModel {
     pub fn stats(&self) -> IndexStats {
         IndexStats {
             fingerprints: self.map.len() as u64,
-            entries: self.slots.len() as u64,
-            bytes: self.slots.len() as u64 * BYTES_PER_ENTRY,
+            entries: self.entries,
+            bytes: self.entries * BYTES_PER_ENTRY,
             capacity_evictions: self.capacity_evictions,
             cap_evictions: self.cap_evictions,
             sessions: self.sessions.len() as u64,
@@ -563,13 +574,13 @@ impl CacheModel {
                     prev: NIL,
                     next: NIL,
                 });
-                m.slots.insert((hash, r.rank), idx);
+                m.entries += 1;
                 let lru = &mut m.ranks[r.rank as usize];
                 lru.tokens += u64::from(tokens);
                 lru.entries += 1;
                 m.push_front(idx);
                 let mut holders = m.map.get(&hash).cloned().unwrap_or_default();
-                insert_sorted(&mut holders, r.rank);
+                insert_sorted(&mut holders, r.rank, idx);
                 m.map.insert(hash, holders);
             }
         }
@@ -619,10 +630,10 @@ impl CacheModel {
         let lru = &mut self.ranks[n.rank as usize];
         lru.tokens = lru.tokens.saturating_sub(u64::from(n.tokens));
         lru.entries = lru.entries.saturating_sub(1);
-        self.slots.remove(&(n.hash, n.rank));
+        self.entries = self.entries.saturating_sub(1);
         if let Some(holders) = self.map.get(&n.hash) {
             let mut holders = holders.clone();
-            holders.retain(|r| *r != n.rank);
+            holders.retain(|h| h.0 != n.rank);
             if holders.is_empty() {
                 self.map.remove(&n.hash);
             } else {
@@ -658,8 +669,8 @@ impl CacheModel {
             self.drop_node(idx);
             self.cap_evictions += 1;
         } else {
-            // Nothing to evict; should be impossible while slots is non-empty.
-            self.slots.clear();
+            // Nothing to evict: only possible if the count drifted; stop counting ghosts.
+            self.entries = 0;
         }
     }
 
@@ -692,7 +703,7 @@ mod tests {
             let Some(holders) = v.map.get(h) else { break };
             let i = i as u32;
             let mut extended = false;
-            for r in holders {
+            for (r, _) in holders {
                 if i == 0 {
                     out.push((*r, 1));
                     extended = true;
