@@ -561,6 +561,13 @@ impl CacheModel {
     /// Rebuilds a model from an image.
     pub fn import(s: &ModelSnapshot) -> CacheModel {
         let mut m = CacheModel::new(s.max_entries, s.max_sessions);
+        let total: usize = s.ranks.iter().map(|r| r.entries.len()).sum();
+        m.nodes.reserve_exact(total);
+        // Holder lists gathered in a flat map first, then one insert each into the
+        // persistent map: a restart rebuilds millions of entries, and a lookup plus an
+        // insert per entry there was most of its time.
+        let mut holders: HashMap<u64, Holders, Ident> = HashMap::default();
+        holders.reserve(total);
         for r in &s.ranks {
             m.set_capacity(r.rank, r.capacity);
             // Oldest first, each pushed to the front: the list ends in the same order.
@@ -579,11 +586,10 @@ impl CacheModel {
                 lru.tokens += u64::from(tokens);
                 lru.entries += 1;
                 m.push_front(idx);
-                let mut holders = m.map.get(&hash).cloned().unwrap_or_default();
-                insert_sorted(&mut holders, r.rank, idx);
-                m.map.insert(hash, holders);
+                insert_sorted(holders.entry(hash).or_default(), r.rank, idx);
             }
         }
+        m.map = holders.into_iter().collect();
         for &(sid, tick, rank) in &s.sessions {
             m.sessions.insert(sid, rank);
             m.session_ticks.insert(sid, tick);
