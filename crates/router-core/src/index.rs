@@ -731,13 +731,7 @@ mod tests {
     /// chunk-by-chunk walk, i.e. what a rank holds of a chain stays a prefix.
     #[test]
     fn binary_search_matches_linear_walk_under_eviction() {
-        let mut x = 0x1234_5678_9abc_def0u64;
-        let mut rnd = move |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
+        let mut rnd = crate::testrng::below(0x1234_5678_9abc_def0);
         for round in 0..20 {
             let mut m = CacheModel::new(300 + round * 40, 100);
             // Up to 24 ranks: groups of ranks share the first chunks and split on bisection.

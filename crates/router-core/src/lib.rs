@@ -13,6 +13,9 @@ pub mod score;
 pub mod secret;
 pub mod upstream_url;
 
+#[cfg(test)]
+mod testrng;
+
 pub use canon::{canonicalize, canonicalize_json, CanonError, CanonicalPrompt, Endpoint};
 pub use fingerprint::{fingerprint_json, FingerprintConfig, Fingerprints, PromptPrint};
 pub use health::{HealthMachine, HealthThresholds, HealthTransition, Outlier, OutlierConfig};

@@ -863,13 +863,7 @@ mod tests {
     /// shared prefixes, random loads, weights, a session hint and ties.
     #[test]
     fn select_top_is_the_head_of_the_full_order() {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut rnd = move |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n.max(1)
-        };
+        let mut rnd = crate::testrng::below(0x9e37_79b9_7f4a_7c15);
         for round in 0..60u64 {
             let n = 1 + rnd(300) as u32;
             let mut m = CacheModel::new(1_000_000, 1000);
