@@ -702,6 +702,38 @@ mod tests {
             .collect()
     }
 
+    impl CacheModel {
+        /// The structure agrees with itself: every node in a rank's list is that rank's
+        /// holder entry for its fingerprint in the map, every holder in the map points at
+        /// such a node, and the counts add up.
+        fn check_links(&self) {
+            let mut live = 0u64;
+            for (r, lru) in self.ranks.iter().enumerate() {
+                let (mut cur, mut n, mut tokens) = (lru.head, 0u64, 0u64);
+                while cur != NIL {
+                    let node = &self.nodes[cur as usize];
+                    assert_eq!(node.rank as usize, r);
+                    let holders = self.map.get(&node.hash).expect("node without holders");
+                    assert!(holders.contains(&(node.rank, cur)), "{holders:?} lacks {cur}");
+                    n += 1;
+                    tokens += u64::from(node.tokens);
+                    cur = node.next;
+                }
+                assert_eq!((n, tokens), (lru.entries, lru.tokens));
+                live += n;
+            }
+            assert_eq!(live, self.entries);
+            let held: usize = self.map.iter().map(|(_, h)| h.len()).sum();
+            assert_eq!(held as u64, self.entries);
+            for (hash, holders) in self.map.iter() {
+                for (rank, node) in holders {
+                    let n = &self.nodes[*node as usize];
+                    assert_eq!((n.hash, n.rank), (*hash, *rank));
+                }
+            }
+        }
+    }
+
     /// The walk the binary search replaced: each rank extended chunk by chunk.
     fn matches_linear(v: &IndexView, hashes: &[u64]) -> Vec<(RankId, u32)> {
         let mut out: Vec<(RankId, u32)> = Vec::new();
@@ -753,6 +785,7 @@ mod tests {
                 let rank = rnd(u64::from(ranks)) as RankId;
                 let tokens: Vec<u32> = (0..len).map(|_| 1 + rnd(20) as u32).collect();
                 m.record(rank, &c[..len], &tokens, None);
+                m.check_links();
                 let v = m.view();
                 for c in &chains {
                     assert_eq!(v.matches(c).to_vec(), matches_linear(&v, c));
