@@ -714,7 +714,10 @@ mod tests {
                     let node = &self.nodes[cur as usize];
                     assert_eq!(node.rank as usize, r);
                     let holders = self.map.get(&node.hash).expect("node without holders");
-                    assert!(holders.contains(&(node.rank, cur)), "{holders:?} lacks {cur}");
+                    assert!(
+                        holders.contains(&(node.rank, cur)),
+                        "{holders:?} lacks {cur}"
+                    );
                     n += 1;
                     tokens += u64::from(node.tokens);
                     cur = node.next;
