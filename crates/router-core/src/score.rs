@@ -220,14 +220,7 @@ pub fn select_top(
         };
     }
     let want = want.clamp(1, n);
-    let shift = (input.tie % n as u64) as usize;
-    let rot = move |i: usize| {
-        if i + shift >= n {
-            i + shift - n
-        } else {
-            i + shift
-        }
-    };
+    let rot = rotation(input.tie, n);
     match policy {
         Policy::RoundRobin => {
             let order = (0..want).map(rot).collect();
@@ -255,6 +248,18 @@ pub fn select_top(
             }
         },
         Policy::Prefix => prefix(params, input, view, candidates, want, rot),
+    }
+}
+
+/// Candidate `i`'s place in the tie-breaking rotation seeded by `tie` over `n` candidates.
+fn rotation(tie: u64, n: usize) -> impl Fn(usize) -> usize + Copy {
+    let shift = (tie % n as u64) as usize;
+    move |i| {
+        if i + shift >= n {
+            i + shift - n
+        } else {
+            i + shift
+        }
     }
 }
 
@@ -474,10 +479,19 @@ impl<'a> Costing<'a> {
         let pressure = 1.0 + self.params.kv_pressure_weight * self.view.fill(c.rank);
         let (load, inv_weight) = load_of(self.params, c);
         let uncached = (self.total - cached) as i64 as f64 * pressure * inv_weight;
+        (own, cached, hinted, load, uncached + self.excess(load))
+    }
+
+    /// Load above the least loaded candidate plus the slack.
+    #[inline(always)]
+    fn excess(&self, load: f64) -> f64 {
         // Never NaN (weights are clamped above zero): a plain compare, not `f64::max`.
         let over = load - self.min_load - self.params.load_slack;
-        let excess = if over > 0.0 { over } else { 0.0 };
-        (own, cached, hinted, load, uncached + excess)
+        if over > 0.0 {
+            over
+        } else {
+            0.0
+        }
     }
 
     fn score(&self, i: usize) -> Scored {
@@ -488,7 +502,7 @@ impl<'a> Costing<'a> {
             matched_chunks: own,
             cached_tokens: cached,
             load,
-            excess_load: (load - self.min_load - self.params.load_slack).max(0.0),
+            excess_load: self.excess(load),
             cost,
             hinted,
         }
@@ -525,10 +539,8 @@ pub fn explain(
         return Vec::new();
     }
     let costing = Costing::new(params, input, view, candidates);
-    let n = candidates.len().max(1);
-    let d = prefix_order(&costing, candidates.len(), |i| {
-        (i + (input.tie % n as u64) as usize) % n
-    });
+    let n = candidates.len();
+    let d = prefix_order(&costing, n, rotation(input.tie, n));
     d.order.iter().map(|i| costing.score(*i)).collect()
 }
 

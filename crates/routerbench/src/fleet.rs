@@ -137,6 +137,7 @@ pub fn simulate(shape: Shape, policy: Policy, params: &ScoreParams) -> Row {
     let mut tie = shape.seed;
     let mut order: Vec<usize> = (0..n_devs).collect();
     let mut decide_ns: Vec<f64> = Vec::new();
+    let attempts = router_server::config::Config::default().max_attempts as usize;
     loop {
         let mut active = false;
         let mut queued = vec![0u64; shape.replicas];
@@ -186,7 +187,7 @@ pub fn simulate(shape: Shape, policy: Policy, params: &ScoreParams) -> Row {
             // decision: only `select` is timed.
             let view = model.view();
             let t0 = std::time::Instant::now();
-            // Ordered as the router orders them: its default three attempts.
+            // Ordered as the router orders them: as many as its default attempts.
             let dec = select_top(
                 policy,
                 params,
@@ -197,7 +198,7 @@ pub fn simulate(shape: Shape, policy: Policy, params: &ScoreParams) -> Row {
                 },
                 &view,
                 &cands,
-                3,
+                attempts,
             );
             decide_ns.push(t0.elapsed().as_nanos() as f64);
             if matches!(
