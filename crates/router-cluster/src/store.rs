@@ -308,11 +308,11 @@ impl StateMachineStore {
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, SErr> {
         let started = std::time::Instant::now();
-        // Clone under the read lock (flat copies and O(1) persistent maps), export and
-        // encode without it: apply waits only for the clone.
+        // Copy under the read lock (the LRU nodes flat, the rest shared or small), export
+        // and encode without it: apply waits only for the copy.
         let (machine, last_applied, membership) = {
             let st = self.state.read().await;
-            (st.machine.clone(), st.last_applied, st.membership.clone())
+            (st.machine.image(), st.last_applied, st.membership.clone())
         };
         self.stats
             .snapshot_lock_us

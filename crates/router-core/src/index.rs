@@ -14,13 +14,17 @@
 //! [`CacheModel::set_capacity`], driven by a logical clock, so replaying the same calls
 //! gives byte-identical state (see [`CacheModel::digest`]).
 //!
-//! Readers never touch the model: [`CacheModel::view`] hands out an immutable
-//! [`IndexView`] (a persistent hash map; cloning is O(1)) that request threads read without
-//! locks while the single writer goes on.
+//! Readers never lock the model: [`CacheModel::view`] hands out an [`IndexView`] (O(1))
+//! that request threads read while the single writer goes on. Its fingerprint table is
+//! the writer's own, read through atomics (see `fptable`): a view sees writes made after it
+//! was taken, as a routing hint may. Session hints, the lists of fingerprints held by
+//! several ranks and each rank's fill are persistent snapshots as of the view.
 
+use crate::fptable::{key_of, pack, unpack, FpTable, EMPTY, MULTI};
 use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
 use xxhash_rust::xxh3::Xxh3;
 
 /// One routing decision to remember.
@@ -60,9 +64,10 @@ impl Hasher for IdentityHasher {
 type Ident = BuildHasherDefault<IdentityHasher>;
 /// The ranks holding one fingerprint, sorted by rank (membership is a binary search: a
 /// shared system prompt can be held by every rank of a large fleet), each with its LRU
-/// node in the writer's model (`NIL` in an overlay). Carrying the node here is what lets
-/// the writer find a (fingerprint, rank) entry without a second map. Almost always one.
-pub type Holders = SmallVec<[(RankId, u32); 1]>;
+/// node in the writer's model (`NIL` for a pending decision). Carrying the node is what
+/// lets the writer find a (fingerprint, rank) entry without a second map. Kept only for
+/// fingerprints with two holders or more; one holder is packed into the table's value.
+pub type Holders = SmallVec<[(RankId, u32); 2]>;
 
 fn insert_sorted(holders: &mut Holders, rank: RankId, node: u32) {
     match holders.binary_search_by_key(&rank, |h| h.0) {
@@ -74,14 +79,42 @@ type PMap<V> = imbl::GenericHashMap<u64, V, Ident, imbl::shared_ptr::DefaultShar
 
 const NIL: u32 = u32::MAX;
 
+/// Bits of a node's stamp that hold its chunk's tokens; the tick takes the other 44
+/// (1.7e13 records: centuries at any real routing rate).
+const TOKEN_BITS: u32 = 20;
+/// Tokens one chunk can count (larger counts saturate; chunks are a few thousand tokens).
+pub const MAX_CHUNK_TOKENS: u32 = (1 << TOKEN_BITS) - 1;
+
+/// The table is replaced once claimed slots (live and removed keys) pass 17/20 of it...
+const MAX_LOAD: (usize, usize) = (17, 20);
+/// ...by one that the live keys fill to 18/25: dense enough for memory, sparse enough that
+/// a linear probe stays a cache line or two.
+const REBUILD_LOAD: (usize, usize) = (18, 25);
+
+/// One (fingerprint, rank) entry: 24 bytes.
 #[derive(Clone, Copy, Debug)]
 struct Node {
-    hash: u64,
-    tick: u64,
+    /// The fingerprint's slot in the table (keys stay put until the table is replaced,
+    /// which rewrites these).
+    slot: u32,
     rank: RankId,
-    tokens: u32,
     prev: u32,
     next: u32,
+    /// Tick of the last touch and the chunk's tokens, packed.
+    stamp: u64,
+}
+
+impl Node {
+    fn tick(&self) -> u64 {
+        self.stamp >> TOKEN_BITS
+    }
+    fn tokens(&self) -> u32 {
+        (self.stamp & u64::from(MAX_CHUNK_TOKENS)) as u32
+    }
+}
+
+fn stamp(tick: u64, tokens: u32) -> u64 {
+    (tick << TOKEN_BITS) | u64::from(tokens.min(MAX_CHUNK_TOKENS))
 }
 
 #[derive(Clone, Debug, Default)]
@@ -94,17 +127,69 @@ struct RankLru {
     entries: u64,
 }
 
-/// Immutable snapshot for the request path.
+/// The holders of one fingerprint as a reader sees them.
+enum Held<'a> {
+    One([(RankId, u32); 1]),
+    Shared(&'a [(RankId, u32)]),
+    Own(SmallVec<[(RankId, u32); 4]>),
+}
+
+impl std::ops::Deref for Held<'_> {
+    type Target = [(RankId, u32)];
+    fn deref(&self) -> &Self::Target {
+        match self {
+            Held::One(a) => a,
+            Held::Shared(s) => s,
+            Held::Own(v) => v,
+        }
+    }
+}
+
+/// What the request path reads. See the module docs.
 #[derive(Clone, Default)]
 pub struct IndexView {
-    map: PMap<Holders>,
+    table: Arc<FpTable>,
+    /// Holder lists of fingerprints held by several ranks, as of the view.
+    multi: PMap<Holders>,
+    /// Decisions not applied yet (see [`IndexView::overlay`]): fingerprint -> ranks.
+    pending: PMap<SmallVec<[RankId; 2]>>,
     sessions: PMap<RankId>,
     /// Each rank's modelled KV fill (tokens held / capacity, 0..=1), by rank id, as of the
     /// last publish.
-    fill: std::sync::Arc<[f32]>,
+    fill: Arc<[f32]>,
+    /// Fingerprints held when the view was taken.
+    len: usize,
 }
 
 impl IndexView {
+    /// The ranks holding `fingerprint`, sorted by rank.
+    fn held(&self, fingerprint: u64) -> Held<'_> {
+        let key = key_of(fingerprint);
+        let v = self.table.get(key);
+        let base = if v == EMPTY {
+            Held::Shared(&[])
+        } else if v & MULTI == 0 {
+            Held::One([unpack(v)])
+        } else {
+            // Several holders since after this view was taken: unknown here until the
+            // next one (a hint missed for milliseconds).
+            Held::Shared(self.multi.get(&key).map_or(&[], |h| h.as_slice()))
+        };
+        let Some(extra) = (!self.pending.is_empty())
+            .then(|| self.pending.get(&key))
+            .flatten()
+        else {
+            return base;
+        };
+        let mut out: SmallVec<[(RankId, u32); 4]> = base.iter().copied().collect();
+        for r in extra {
+            if let Err(at) = out.binary_search_by_key(r, |h| h.0) {
+                out.insert(at, (*r, NIL));
+            }
+        }
+        Held::Own(out)
+    }
+
     /// For each rank, how many leading fingerprints of `hashes` it holds, contiguously from
     /// the first, sorted by rank.
     ///
@@ -116,14 +201,19 @@ impl IndexView {
     /// all settled by then, the size of the middle chunk's holder list tells how many of the
     /// group hold it; only a group that really splits is compared rank by rank. A system
     /// prompt held by hundreds of ranks costs O(log n) map lookups, not hundreds of
-    /// membership tests per lookup.
+    /// membership tests per lookup. (A record being applied while this reads can break the
+    /// subset rule for a moment; the answer is then off by a few chunks, never out of
+    /// bounds.)
     pub fn matches(&self, hashes: &[u64]) -> SmallVec<[(RankId, u32); 8]> {
         let mut out: SmallVec<[(RankId, u32); 8]> = SmallVec::new();
-        let Some(first) = hashes.first().and_then(|h| self.map.get(h)) else {
+        let Some(first) = hashes.first().map(|h| self.held(*h)) else {
             return out;
         };
         // Sorted by rank, like every holder list; each group below stays sorted.
         out.extend(first.iter().map(|h| (h.0, 1)));
+        if out.is_empty() {
+            return out;
+        }
         let mut settled = 0;
         let mut below: SmallVec<[(RankId, u32); 8]> = SmallVec::new();
         // (start, end) of a group in `out`, and the lo..=hi its depths lie in. Groups on
@@ -138,7 +228,7 @@ impl IndexView {
             }
             // Depth d means chunk d - 1 is held.
             let mid = lo + (hi - lo).div_ceil(2);
-            let holders: &[(RankId, u32)] = self.map.get(&hashes[mid - 1]).map_or(&[], |h| h);
+            let holders = self.held(hashes[mid - 1]);
             let k = match holders.len().saturating_sub(settled) {
                 n if n >= e - s => e,
                 0 => s,
@@ -182,16 +272,17 @@ impl IndexView {
 
     /// This view plus decisions not applied yet: each route's fingerprints credited to its
     /// rank, and its session bound to it. No eviction (the overlay lives for milliseconds,
-    /// until the log applies the same routes). The view itself is unchanged (persistent
-    /// map: the copy shares everything but the touched entries).
+    /// until the log applies the same routes). The view itself is unchanged (the pending
+    /// decisions are a persistent map of their own, laid over the table on reads).
     pub fn overlay<'a>(&self, routes: impl IntoIterator<Item = &'a Route>) -> IndexView {
         let mut out = self.clone();
         for r in routes {
             for h in &r.hashes {
-                let mut holders = out.map.get(h).cloned().unwrap_or_default();
-                if let Err(at) = holders.binary_search_by_key(&r.rank, |h| h.0) {
-                    holders.insert(at, (r.rank, NIL));
-                    out.map.insert(*h, holders);
+                let key = key_of(*h);
+                let mut ranks = out.pending.get(&key).cloned().unwrap_or_default();
+                if let Err(at) = ranks.binary_search(&r.rank) {
+                    ranks.insert(at, r.rank);
+                    out.pending.insert(key, ranks);
                 }
             }
             if let Some(s) = r.session {
@@ -206,14 +297,14 @@ impl IndexView {
         self.fill.get(rank as usize).map_or(0.0, |f| f64::from(*f))
     }
 
-    /// Number of fingerprints held by any rank.
+    /// Number of fingerprints held by any rank when the view was taken.
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.len
     }
 
-    /// Whether the view is empty.
+    /// Whether the view was empty when taken.
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.len == 0
     }
 }
 
@@ -265,9 +356,15 @@ pub struct ModelSnapshot {
 }
 
 /// The single-writer model. See the module docs.
-#[derive(Clone)]
 pub struct CacheModel {
-    map: PMap<Holders>,
+    /// Fingerprint -> holders; shared with the views (see `fptable`).
+    table: Arc<FpTable>,
+    /// Slots of `table` with a key (live or removed).
+    claimed: usize,
+    /// Keys with holders.
+    live: usize,
+    /// Holder lists of the keys with several holders.
+    multi: PMap<Holders>,
     /// (fingerprint, rank) entries: nodes in use.
     entries: u64,
     nodes: Vec<Node>,
@@ -282,18 +379,59 @@ pub struct CacheModel {
     cap_evictions: u64,
 }
 
-/// Approximate bytes one (fingerprint, rank) entry costs: the LRU node and the persistent
-/// map's share (holder list plus trie node overhead). A lower bound: `routerbench index`
-/// measures the resident figure, which the trie's partly filled nodes raise.
-pub const BYTES_PER_ENTRY: u64 =
-    (std::mem::size_of::<Node>() + std::mem::size_of::<Holders>() + 16) as u64;
+impl Clone for CacheModel {
+    /// A deep copy: the clone gets a table of its own.
+    fn clone(&self) -> Self {
+        CacheModel {
+            table: Arc::new((*self.table).clone()),
+            claimed: self.claimed,
+            live: self.live,
+            multi: self.multi.clone(),
+            entries: self.entries,
+            nodes: self.nodes.clone(),
+            free: self.free.clone(),
+            ranks: self.ranks.clone(),
+            sessions: self.sessions.clone(),
+            session_ticks: self.session_ticks.clone(),
+            max_entries: self.max_entries,
+            max_sessions: self.max_sessions,
+            tick: self.tick,
+            capacity_evictions: self.capacity_evictions,
+            cap_evictions: self.cap_evictions,
+        }
+    }
+}
+
+/// What a [`ModelSnapshot`] is exported from, copied under the writer's lock: the LRU
+/// nodes and ranks (flat copies), the table shared (the keys the nodes point at never
+/// change in it), the session maps. The export itself, walking 10M nodes, runs outside.
+pub struct ModelImage {
+    table: Arc<FpTable>,
+    nodes: Vec<Node>,
+    ranks: Vec<RankLru>,
+    sessions: PMap<RankId>,
+    session_ticks: HashMap<u64, u64, Ident>,
+    tick: u64,
+    max_entries: u64,
+    max_sessions: u64,
+    capacity_evictions: u64,
+    cap_evictions: u64,
+}
+
+/// Approximate bytes one (fingerprint, rank) entry costs: its LRU node and its share of the
+/// table (16-byte slots, 18/25 to 17/20 full). A lower bound: `routerbench index` measures
+/// the resident figure, which holder lists of shared fingerprints and allocator slack raise.
+pub const BYTES_PER_ENTRY: u64 = (std::mem::size_of::<Node>() + 16 * 25 / 18) as u64;
 
 impl CacheModel {
     /// An empty model holding at most `max_entries` (fingerprint, rank) entries and
     /// `max_sessions` session hints.
     pub fn new(max_entries: u64, max_sessions: u64) -> Self {
         CacheModel {
-            map: PMap::default(),
+            table: Arc::default(),
+            claimed: 0,
+            live: 0,
+            multi: PMap::default(),
             entries: 0,
             nodes: Vec::new(),
             free: Vec::new(),
@@ -380,48 +518,45 @@ impl CacheModel {
         let tick = self.tick;
         // The node expected to hold the next chunk down: a conversation re-sends its
         // prefix, whose chunks sit next to each other in the rank's list (the last record
-        // left them there, head first), so a touch usually needs no map lookup. Always a
-        // live node of this rank's list (a neighbour of one), or NIL.
+        // left them there, head first), so a touch usually needs no probe of the table.
+        // Always a live node of this rank's list (a neighbour of one), or NIL.
         let mut hint = NIL;
         // Last to first: the head of the prefix ends up most recent.
         for (i, h) in hashes.iter().enumerate().rev() {
-            let tokens = chunk_tokens.get(i).copied().unwrap_or(0);
+            let key = key_of(*h);
             let hinted = (hint != NIL)
-                .then(|| &self.nodes[hint as usize])
-                .filter(|n| n.hash == *h && n.rank == rank)
+                .then(|| self.nodes[hint as usize])
+                .filter(|n| n.rank == rank && self.table.key(n.slot as usize) == key)
                 .map(|_| hint);
-            // Otherwise one lookup tells whether this rank holds the chunk (and its node)
-            // and gives the holder list to extend when it does not.
-            let found = if hinted.is_some() {
-                None
-            } else {
-                self.map.get(h)
+            // Otherwise one probe tells whether this rank holds the chunk (and its node)
+            // and gives the slot to extend when it does not.
+            let (held, slot) = match hinted {
+                Some(idx) => (Some(idx), None),
+                None => match self.table.probe(key) {
+                    Ok(s) => (self.holder_node(s, rank), Some(s)),
+                    Err(_) => (None, None),
+                },
             };
-            let held = hinted.or_else(|| {
-                found.and_then(|hs| {
-                    hs.binary_search_by_key(&rank, |x| x.0)
-                        .ok()
-                        .map(|at| hs[at].1)
-                })
-            });
             match held {
                 Some(idx) => {
-                    hint = self.nodes[idx as usize].prev;
+                    let n = &mut self.nodes[idx as usize];
+                    hint = n.prev;
+                    n.stamp = stamp(tick, n.tokens());
                     self.unlink(idx);
-                    self.nodes[idx as usize].tick = tick;
                     self.push_front(idx);
                 }
                 None => {
                     hint = NIL;
-                    let mut holders = found.cloned().unwrap_or_default();
+                    // Claiming a slot can replace the table: only then, before the node.
+                    let slot = slot.unwrap_or_else(|| self.claim(key));
                     let node = Node {
-                        hash: *h,
-                        tick,
+                        slot: slot as u32,
                         rank,
-                        tokens,
                         prev: NIL,
                         next: NIL,
+                        stamp: stamp(tick, chunk_tokens.get(i).copied().unwrap_or(0)),
                     };
+                    let tokens = node.tokens();
                     let idx = match self.free.pop() {
                         Some(i) => {
                             self.nodes[i as usize] = node;
@@ -437,8 +572,7 @@ impl CacheModel {
                     lru.tokens += u64::from(tokens);
                     lru.entries += 1;
                     self.push_front(idx);
-                    insert_sorted(&mut holders, rank, idx);
-                    self.map.insert(*h, holders);
+                    self.add_holder(slot, rank, idx);
                 }
             }
         }
@@ -455,10 +589,12 @@ impl CacheModel {
         }
     }
 
-    /// An immutable snapshot for readers (O(1)).
+    /// A view for readers (O(1)).
     pub fn view(&self) -> IndexView {
         IndexView {
-            map: self.map.clone(),
+            table: self.table.clone(),
+            multi: self.multi.clone(),
+            pending: PMap::default(),
             sessions: self.sessions.clone(),
             fill: self
                 .ranks
@@ -471,13 +607,14 @@ impl CacheModel {
                     }
                 })
                 .collect(),
+            len: self.live,
         }
     }
 
     /// Current counters.
     pub fn stats(&self) -> IndexStats {
         IndexStats {
-            fingerprints: self.map.len() as u64,
+            fingerprints: self.live as u64,
             entries: self.entries,
             bytes: self.entries * BYTES_PER_ENTRY,
             capacity_evictions: self.capacity_evictions,
@@ -501,9 +638,9 @@ impl CacheModel {
             let mut cur = lru.head;
             while cur != NIL {
                 let n = &self.nodes[cur as usize];
-                h.update(&n.hash.to_le_bytes());
-                h.update(&n.tick.to_le_bytes());
-                h.update(&n.tokens.to_le_bytes());
+                h.update(&self.table.key(n.slot as usize).to_le_bytes());
+                h.update(&n.tick().to_le_bytes());
+                h.update(&n.tokens().to_le_bytes());
                 cur = n.next;
             }
         }
@@ -521,41 +658,40 @@ impl CacheModel {
         h.digest()
     }
 
-    /// An image of the whole model.
-    pub fn export(&self) -> ModelSnapshot {
-        let mut ranks = Vec::new();
-        for (r, lru) in self.ranks.iter().enumerate() {
-            if !lru.present {
-                continue;
-            }
-            let mut entries = Vec::with_capacity(lru.entries as usize);
-            let mut cur = lru.head;
-            while cur != NIL {
-                let n = &self.nodes[cur as usize];
-                entries.push((n.hash, n.tick, n.tokens));
-                cur = n.next;
-            }
-            ranks.push(RankSnapshot {
-                rank: r as RankId,
-                capacity: lru.capacity,
-                entries,
-            });
-        }
-        let mut sessions: Vec<(u64, u64, RankId)> = self
-            .session_ticks
-            .iter()
-            .filter_map(|(s, t)| self.sessions.get(s).map(|r| (*s, *t, *r)))
-            .collect();
-        sessions.sort_unstable();
-        ModelSnapshot {
+    /// What an export needs, copied (see [`ModelImage`]): O(entries) flat copying, no walk.
+    pub fn image(&self) -> ModelImage {
+        ModelImage {
+            table: self.table.clone(),
+            nodes: self.nodes.clone(),
+            ranks: self.ranks.clone(),
+            sessions: self.sessions.clone(),
+            session_ticks: self.session_ticks.clone(),
             tick: self.tick,
             max_entries: self.max_entries,
             max_sessions: self.max_sessions,
-            ranks,
-            sessions,
             capacity_evictions: self.capacity_evictions,
             cap_evictions: self.cap_evictions,
         }
+    }
+
+    /// An image of the whole model.
+    pub fn export(&self) -> ModelSnapshot {
+        export(
+            &self.table,
+            &self.nodes,
+            &self.ranks,
+            &self.sessions,
+            &self.session_ticks,
+            ModelSnapshot {
+                tick: self.tick,
+                max_entries: self.max_entries,
+                max_sessions: self.max_sessions,
+                ranks: Vec::new(),
+                sessions: Vec::new(),
+                capacity_evictions: self.capacity_evictions,
+                cap_evictions: self.cap_evictions,
+            },
+        )
     }
 
     /// Rebuilds a model from an image.
@@ -563,33 +699,56 @@ impl CacheModel {
         let mut m = CacheModel::new(s.max_entries, s.max_sessions);
         let total: usize = s.ranks.iter().map(|r| r.entries.len()).sum();
         m.nodes.reserve_exact(total);
-        // Holder lists gathered in a flat map first, then one insert each into the
-        // persistent map: a restart rebuilds millions of entries, and a lookup plus an
-        // insert per entry there was most of its time.
-        let mut holders: HashMap<u64, Holders, Ident> = HashMap::default();
-        holders.reserve(total);
+        // Sized once for every entry, so no replacement happens on the way.
+        m.rebuild(total);
+        // Holder lists of shared fingerprints gathered in a flat map, then one insert each
+        // into the persistent map (not a copy of the growing list per holder).
+        let mut shared: HashMap<u64, Holders, Ident> = HashMap::default();
         for r in &s.ranks {
             m.set_capacity(r.rank, r.capacity);
             // Oldest first, each pushed to the front: the list ends in the same order.
             for &(hash, tick, tokens) in r.entries.iter().rev() {
+                let key = key_of(hash);
+                let slot = match m.table.probe(key) {
+                    Ok(s) => s,
+                    Err(_) => m.claim(key),
+                };
                 let idx = m.nodes.len() as u32;
-                m.nodes.push(Node {
-                    hash,
-                    tick,
+                let node = Node {
+                    slot: slot as u32,
                     rank: r.rank,
-                    tokens,
                     prev: NIL,
                     next: NIL,
-                });
+                    stamp: stamp(tick, tokens),
+                };
+                m.nodes.push(node);
                 m.entries += 1;
                 let lru = &mut m.ranks[r.rank as usize];
-                lru.tokens += u64::from(tokens);
+                lru.tokens += u64::from(node.tokens());
                 lru.entries += 1;
                 m.push_front(idx);
-                insert_sorted(holders.entry(hash).or_default(), r.rank, idx);
+                match m.table.value(slot) {
+                    EMPTY => {
+                        m.table.set(slot, pack(r.rank, idx));
+                        m.live += 1;
+                    }
+                    v if v & MULTI == 0 => {
+                        let mut hs = Holders::new();
+                        hs.push(unpack(v));
+                        insert_sorted(&mut hs, r.rank, idx);
+                        shared.insert(key, hs);
+                        m.table.set(slot, MULTI);
+                    }
+                    _ => insert_sorted(shared.entry(key).or_default(), r.rank, idx),
+                }
             }
         }
-        m.map = holders.into_iter().collect();
+        for (key, hs) in &shared {
+            if let Ok(slot) = m.table.probe(*key) {
+                m.table.set(slot, MULTI | hs.len() as u64);
+            }
+        }
+        m.multi = shared.into_iter().collect();
         for &(sid, tick, rank) in &s.sessions {
             m.sessions.insert(sid, rank);
             m.session_ticks.insert(sid, tick);
@@ -598,6 +757,127 @@ impl CacheModel {
         m.capacity_evictions = s.capacity_evictions;
         m.cap_evictions = s.cap_evictions;
         m
+    }
+
+    /// This rank's node for the key in `slot`, if it holds it.
+    fn holder_node(&self, slot: usize, rank: RankId) -> Option<u32> {
+        match self.table.value(slot) {
+            EMPTY => None,
+            v if v & MULTI == 0 => {
+                let (r, n) = unpack(v);
+                (r == rank).then_some(n)
+            }
+            _ => {
+                let hs = self.multi.get(&self.table.key(slot))?;
+                let at = hs.binary_search_by_key(&rank, |h| h.0).ok()?;
+                Some(hs[at].1)
+            }
+        }
+    }
+
+    /// Adds `rank` (with its node) to the holders of the key in `slot`.
+    fn add_holder(&mut self, slot: usize, rank: RankId, node: u32) {
+        let v = self.table.value(slot);
+        if v == EMPTY {
+            self.table.set(slot, pack(rank, node));
+            self.live += 1;
+            return;
+        }
+        let key = self.table.key(slot);
+        let mut hs = if v & MULTI == 0 {
+            let mut hs = Holders::new();
+            hs.push(unpack(v));
+            hs
+        } else {
+            self.multi.get(&key).cloned().unwrap_or_default()
+        };
+        insert_sorted(&mut hs, rank, node);
+        if hs.len() == 1 {
+            self.table.set(slot, pack(rank, node));
+            return;
+        }
+        // The list first, then the mark: the writer's own reads always find it.
+        let n = hs.len() as u64;
+        self.multi.insert(key, hs);
+        self.table.set(slot, MULTI | n);
+    }
+
+    /// Removes `rank` from the holders of the key in `slot`.
+    fn remove_holder(&mut self, slot: usize, rank: RankId) {
+        let v = self.table.value(slot);
+        if v == EMPTY {
+            return;
+        }
+        if v & MULTI == 0 {
+            if unpack(v).0 == rank {
+                self.table.set(slot, EMPTY);
+                self.live -= 1;
+            }
+            return;
+        }
+        let key = self.table.key(slot);
+        let Some(hs) = self.multi.get(&key) else {
+            return;
+        };
+        let mut hs = hs.clone();
+        hs.retain(|h| h.0 != rank);
+        match hs.len() {
+            0 => {
+                self.table.set(slot, EMPTY);
+                self.multi.remove(&key);
+                self.live -= 1;
+            }
+            1 => {
+                self.table.set(slot, pack(hs[0].0, hs[0].1));
+                self.multi.remove(&key);
+            }
+            n => {
+                self.table.set(slot, MULTI | n as u64);
+                self.multi.insert(key, hs);
+            }
+        }
+    }
+
+    /// A slot for `key`, which the table does not have: replaces the table first when it is
+    /// too full.
+    fn claim(&mut self, key: u64) -> usize {
+        if (self.claimed + 1) * MAX_LOAD.1 > self.table.slots() * MAX_LOAD.0 {
+            self.rebuild(self.live + 1);
+        }
+        let at = match self.table.probe(key) {
+            Ok(at) => return at,
+            Err(at) => at,
+        };
+        self.table.claim(at, key, EMPTY);
+        self.claimed += 1;
+        at
+    }
+
+    /// Replaces the table by one sized for `live` keys, without the removed ones, and
+    /// points the nodes at their keys' new slots. Readers holding the old table keep it.
+    fn rebuild(&mut self, live: usize) {
+        let slots = (live * REBUILD_LOAD.1 / REBUILD_LOAD.0).max(64);
+        let new = FpTable::with_slots(slots);
+        let old = &self.table;
+        let mut moved = vec![NIL; old.slots()];
+        for (i, to) in moved.iter_mut().enumerate() {
+            let (k, v) = (old.key(i), old.value(i));
+            if k != 0 && v != EMPTY {
+                let Err(at) = new.probe(k) else {
+                    continue;
+                };
+                new.claim(at, k, v);
+                *to = at as u32;
+            }
+        }
+        // Free nodes may point anywhere; they are rewritten when reused.
+        for n in &mut self.nodes {
+            if let Some(to) = moved.get(n.slot as usize) {
+                n.slot = *to;
+            }
+        }
+        self.table = Arc::new(new);
+        self.claimed = self.live;
     }
 
     fn unlink(&mut self, idx: u32) {
@@ -629,23 +909,15 @@ impl CacheModel {
         self.ranks[rank as usize].head = idx;
     }
 
-    /// Removes a node from its rank's list, the slot map and the holder map.
+    /// Removes a node from its rank's list and from its fingerprint's holders.
     fn drop_node(&mut self, idx: u32) {
         self.unlink(idx);
         let n = self.nodes[idx as usize];
         let lru = &mut self.ranks[n.rank as usize];
-        lru.tokens = lru.tokens.saturating_sub(u64::from(n.tokens));
+        lru.tokens = lru.tokens.saturating_sub(u64::from(n.tokens()));
         lru.entries = lru.entries.saturating_sub(1);
         self.entries = self.entries.saturating_sub(1);
-        if let Some(holders) = self.map.get(&n.hash) {
-            let mut holders = holders.clone();
-            holders.retain(|h| h.0 != n.rank);
-            if holders.is_empty() {
-                self.map.remove(&n.hash);
-            } else {
-                self.map.insert(n.hash, holders);
-            }
-        }
+        self.remove_holder(n.slot as usize, n.rank);
         self.free.push(idx);
     }
 
@@ -665,7 +937,7 @@ impl CacheModel {
         let mut best: Option<(u64, RankId, u32)> = None;
         for (r, lru) in self.ranks.iter().enumerate() {
             if lru.present && lru.tail != NIL {
-                let t = self.nodes[lru.tail as usize].tick;
+                let t = self.nodes[lru.tail as usize].tick();
                 if best.is_none_or(|(bt, _, _)| t < bt) {
                     best = Some((t, r as RankId, lru.tail));
                 }
@@ -692,6 +964,62 @@ impl CacheModel {
     }
 }
 
+impl ModelImage {
+    /// The snapshot of the model as it was when the image was taken.
+    pub fn export(&self) -> ModelSnapshot {
+        export(
+            &self.table,
+            &self.nodes,
+            &self.ranks,
+            &self.sessions,
+            &self.session_ticks,
+            ModelSnapshot {
+                tick: self.tick,
+                max_entries: self.max_entries,
+                max_sessions: self.max_sessions,
+                ranks: Vec::new(),
+                sessions: Vec::new(),
+                capacity_evictions: self.capacity_evictions,
+                cap_evictions: self.cap_evictions,
+            },
+        )
+    }
+}
+
+/// Fills `out`'s ranks and sessions from a model's parts.
+fn export(
+    table: &FpTable,
+    nodes: &[Node],
+    ranks: &[RankLru],
+    sessions: &PMap<RankId>,
+    session_ticks: &HashMap<u64, u64, Ident>,
+    mut out: ModelSnapshot,
+) -> ModelSnapshot {
+    for (r, lru) in ranks.iter().enumerate() {
+        if !lru.present {
+            continue;
+        }
+        let mut entries = Vec::with_capacity(lru.entries as usize);
+        let mut cur = lru.head;
+        while cur != NIL {
+            let n = &nodes[cur as usize];
+            entries.push((table.key(n.slot as usize), n.tick(), n.tokens()));
+            cur = n.next;
+        }
+        out.ranks.push(RankSnapshot {
+            rank: r as RankId,
+            capacity: lru.capacity,
+            entries,
+        });
+    }
+    out.sessions = session_ticks
+        .iter()
+        .filter_map(|(s, t)| sessions.get(s).map(|r| (*s, *t, *r)))
+        .collect();
+    out.sessions.sort_unstable();
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -704,36 +1032,53 @@ mod tests {
 
     impl CacheModel {
         /// The structure agrees with itself: every node in a rank's list is that rank's
-        /// holder entry for its fingerprint in the map, every holder in the map points at
-        /// such a node, and the counts add up.
+        /// holder entry for its fingerprint, every holder in the table points at such a
+        /// node, and the counts add up.
         fn check_links(&self) {
-            let mut live = 0u64;
+            let mut listed = 0u64;
             for (r, lru) in self.ranks.iter().enumerate() {
                 let (mut cur, mut n, mut tokens) = (lru.head, 0u64, 0u64);
                 while cur != NIL {
                     let node = &self.nodes[cur as usize];
                     assert_eq!(node.rank as usize, r);
-                    let holders = self.map.get(&node.hash).expect("node without holders");
-                    assert!(
-                        holders.contains(&(node.rank, cur)),
-                        "{holders:?} lacks {cur}"
-                    );
+                    assert_eq!(self.holder_node(node.slot as usize, node.rank), Some(cur));
                     n += 1;
-                    tokens += u64::from(node.tokens);
+                    tokens += u64::from(node.tokens());
                     cur = node.next;
                 }
                 assert_eq!((n, tokens), (lru.entries, lru.tokens));
-                live += n;
+                listed += n;
             }
-            assert_eq!(live, self.entries);
-            let held: usize = self.map.iter().map(|(_, h)| h.len()).sum();
-            assert_eq!(held as u64, self.entries);
-            for (hash, holders) in self.map.iter() {
-                for (rank, node) in holders {
-                    let n = &self.nodes[*node as usize];
-                    assert_eq!((n.hash, n.rank), (*hash, *rank));
+            assert_eq!(listed, self.entries);
+            let (mut held, mut live, mut shared, mut claimed) = (0u64, 0, 0, 0);
+            for i in 0..self.table.slots() {
+                let (k, v) = (self.table.key(i), self.table.value(i));
+                claimed += usize::from(k != 0);
+                if k == 0 || v == EMPTY {
+                    continue;
+                }
+                live += 1;
+                let hs: Vec<(RankId, u32)> = if v & MULTI == 0 {
+                    vec![unpack(v)]
+                } else {
+                    shared += 1;
+                    let hs = self.multi.get(&k).expect("a shared key without its list");
+                    assert!(
+                        hs.len() >= 2 && hs.len() as u64 == v & !MULTI,
+                        "{v:x} {hs:?}"
+                    );
+                    assert!(hs.windows(2).all(|w| w[0].0 < w[1].0), "unsorted {hs:?}");
+                    hs.to_vec()
+                };
+                for (rank, node) in hs {
+                    let n = &self.nodes[node as usize];
+                    assert_eq!((n.slot as usize, n.rank), (i, rank));
+                    held += 1;
                 }
             }
+            assert_eq!(held, self.entries);
+            assert_eq!((live, claimed), (self.live, self.claimed));
+            assert_eq!(shared, self.multi.len());
         }
     }
 
@@ -741,10 +1086,13 @@ mod tests {
     fn matches_linear(v: &IndexView, hashes: &[u64]) -> Vec<(RankId, u32)> {
         let mut out: Vec<(RankId, u32)> = Vec::new();
         for (i, h) in hashes.iter().enumerate() {
-            let Some(holders) = v.map.get(h) else { break };
+            let holders = v.held(*h);
+            if holders.is_empty() {
+                break;
+            }
             let i = i as u32;
             let mut extended = false;
-            for (r, _) in holders {
+            for (r, _) in holders.iter() {
                 if i == 0 {
                     out.push((*r, 1));
                     extended = true;
@@ -856,14 +1204,86 @@ mod tests {
     }
 
     #[test]
-    fn view_is_isolated_from_later_writes() {
-        let mut m = CacheModel::new(100, 10);
-        m.set_capacity(0, 1000);
+    fn a_view_reads_the_live_table_and_keeps_its_snapshots() {
+        let mut m = CacheModel::new(1_000_000, 10);
+        m.set_capacity(0, u64::MAX);
+        m.set_capacity(1, u64::MAX);
+        m.record(1, &fps(100..101), &[1], None);
         let v = m.view();
         m.record(0, &fps(0..3), &[1; 3], Some(7));
-        assert!(v.matches(&fps(0..3)).is_empty());
-        assert_eq!(m.view().matches(&fps(0..3)).to_vec(), vec![(0, 3)]);
+        // The fingerprint table is shared: new entries show through at once. The session
+        // hint is the view's own snapshot.
+        assert_eq!(v.matches(&fps(0..3)).to_vec(), vec![(0, 3)]);
+        assert_eq!(v.session(7), None);
         assert_eq!(m.view().session(7), Some(0));
+        // Enough new keys to replace the table several times: the old view keeps the
+        // table it had (all of what was there), the new one sees everything.
+        let old = m.view();
+        let slots = m.table.slots();
+        for i in 1..300 {
+            m.record(1, &fps(i * 10..i * 10 + 10), &[1; 10], None);
+        }
+        assert!(m.table.slots() > 4 * slots, "{} slots", m.table.slots());
+        assert_eq!(old.matches(&fps(0..3)).to_vec(), vec![(0, 3)]);
+        assert!(old.matches(&fps(2990..3000)).is_empty());
+        assert_eq!(m.view().matches(&fps(0..3)).to_vec(), vec![(0, 3)]);
+        assert_eq!(m.view().matches(&fps(2990..3000)).to_vec(), vec![(1, 10)]);
+        m.check_links();
+    }
+
+    /// Readers on other threads match prompts while the writer records, evicts and
+    /// replaces the table under them: no panic, and every answer is a known rank with a
+    /// depth within the prompt.
+    #[test]
+    fn readers_race_the_writer_safely() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Mutex;
+        let ranks = 6u32;
+        let mut m = CacheModel::new(4_000, 10);
+        for r in 0..ranks {
+            m.set_capacity(r, 600);
+        }
+        let chains: Vec<Vec<u64>> = (0..40u64)
+            .map(|c| {
+                let mut h = fps((c % 4) * 1000..(c % 4) * 1000 + 8);
+                h.extend(fps(100_000 + c * 1000..100_000 + c * 1000 + 60));
+                h
+            })
+            .collect();
+        let published = Mutex::new(m.view());
+        let done = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            for t in 0..2 {
+                let (published, done, chains) = (&published, &done, &chains);
+                s.spawn(move || {
+                    let mut n = 0usize;
+                    while !done.load(Ordering::Relaxed) || n < 100 {
+                        let v = published.lock().unwrap().clone();
+                        let c = &chains[(n * 7 + t) % chains.len()];
+                        for (r, d) in v.matches(c) {
+                            assert!(r < ranks && d >= 1 && d as usize <= c.len());
+                        }
+                        n += 1;
+                    }
+                });
+            }
+            let mut rnd = crate::testrng::below(42);
+            for i in 0..3_000 {
+                let c = &chains[rnd(chains.len() as u64) as usize];
+                let len = 1 + rnd(c.len() as u64) as usize;
+                m.record(
+                    rnd(u64::from(ranks)) as RankId,
+                    &c[..len],
+                    &[7; 68][..len],
+                    None,
+                );
+                if i % 10 == 0 {
+                    *published.lock().unwrap() = m.view();
+                }
+            }
+            done.store(true, Ordering::Relaxed);
+        });
+        m.check_links();
     }
 
     #[test]

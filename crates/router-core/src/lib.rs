@@ -5,6 +5,7 @@
 
 pub mod canon;
 pub mod fingerprint;
+mod fptable;
 pub mod health;
 pub mod index;
 mod json;
@@ -19,8 +20,8 @@ mod testrng;
 pub use canon::{canonicalize, canonicalize_json, CanonError, CanonicalPrompt, Endpoint};
 pub use fingerprint::{fingerprint_json, FingerprintConfig, Fingerprints, PromptPrint};
 pub use health::{HealthMachine, HealthThresholds, HealthTransition, Outlier, OutlierConfig};
-pub use index::{CacheModel, IndexStats, IndexView, ModelSnapshot, RankId, Route};
-pub use machine::{Command, Machine, MachineSnapshot, Outcome, RankLoad, Rejection};
+pub use index::{CacheModel, IndexStats, IndexView, ModelImage, ModelSnapshot, RankId, Route};
+pub use machine::{Command, Machine, MachineImage, MachineSnapshot, Outcome, RankLoad, Rejection};
 pub use score::{
     explain, select, select_top, Candidate, Decision, Policy, Reason, RouteInput, ScoreParams,
     Scored,

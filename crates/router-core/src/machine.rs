@@ -8,7 +8,7 @@
 //! logical clock), so two peers that applied the same entries hold byte-identical state;
 //! [`Machine::digest`] proves it.
 
-use crate::index::{CacheModel, IndexView, ModelSnapshot, RankId, Route};
+use crate::index::{CacheModel, IndexView, ModelImage, ModelSnapshot, RankId, Route};
 use crate::upstream_url::parse_upstream_url;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -167,6 +167,23 @@ pub struct MachineSnapshot {
     /// Router peer ids that have acknowledged log entries.
     #[serde(default)]
     pub acked_peers: Vec<u64>,
+}
+
+/// A [`Machine`] copied for a snapshot; see [`Machine::image`].
+pub struct MachineImage {
+    model: ModelImage,
+    /// Everything but the cache model.
+    rest: Machine,
+}
+
+impl MachineImage {
+    /// The snapshot of the machine as it was when the image was taken.
+    pub fn snapshot(&self) -> MachineSnapshot {
+        MachineSnapshot {
+            model: self.model.export(),
+            ..self.rest.snapshot()
+        }
+    }
 }
 
 impl Machine {
@@ -365,6 +382,22 @@ impl Machine {
         h.digest()
     }
 
+    /// What a snapshot is made from, copied cheaply (see [`ModelImage`]): take it under
+    /// the state lock, export it ([`MachineImage::snapshot`]) after letting go.
+    pub fn image(&self) -> MachineImage {
+        MachineImage {
+            model: self.model.image(),
+            rest: Machine {
+                model: CacheModel::new(1, 1),
+                servers: self.servers.clone(),
+                next_rank: self.next_rank,
+                loads: self.loads.clone(),
+                retired: self.retired.clone(),
+                acked: self.acked.clone(),
+            },
+        }
+    }
+
     /// An image for a snapshot.
     pub fn snapshot(&self) -> MachineSnapshot {
         MachineSnapshot {
@@ -545,5 +578,26 @@ mod tests {
             b.apply(&c);
             assert_eq!(a.digest(), b.digest());
         }
+    }
+
+    /// An image taken under the lock exports what the machine held then, however the
+    /// machine changed since (entries evicted, the fingerprint table replaced).
+    #[test]
+    fn an_image_exports_the_state_it_was_taken_at() {
+        let mut a = Machine::new(100, 100);
+        for c in log() {
+            a.apply(&c);
+        }
+        let image = a.image();
+        let then = a.snapshot();
+        for seed in 20..60 {
+            a.apply(&routes(2, seed, 30));
+        }
+        assert_ne!(a.snapshot(), then);
+        assert_eq!(image.snapshot(), then);
+        assert_eq!(
+            Machine::restore(&image.snapshot()).digest(),
+            Machine::restore(&then).digest()
+        );
     }
 }
