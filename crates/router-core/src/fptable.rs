@@ -6,13 +6,18 @@
 //! partly filled trie nodes, which at 10M entries cost more memory than the entries.
 //!
 //! The rules that make unsynchronised reads sound:
-//! * a key, once written into a slot, stays there until the table is replaced (a removal
-//!   only writes the `EMPTY` value), so a reader that found its key in a slot never reads
-//!   another key's value there, and probe chains never break;
-//! * a new slot's value is stored before its key (release), and readers load the key with
-//!   acquire, so a found key always comes with a value written for it;
-//! * the writer replaces the whole table (a new allocation) to grow or to drop removed
-//!   keys; readers holding the old one keep a consistent, slightly stale table.
+//! * a removal moves the keys after it in its run back (backward-shift deletion), so a
+//!   churning model keeps no removed keys; a reader racing a move can miss the moved key,
+//!   or pair a key with the value of the key moved into its slot, for that one read: a
+//!   wrong hint, never a wrong memory access (everything is an atomic word);
+//! * while a snapshot image reads the table's keys by slot, keys must not move: removals
+//!   then only write the `EMPTY` value, and such a slot goes to the next new key whose
+//!   probe passes it;
+//! * a new key's value is stored with release after its key, and readers load the key
+//!   with acquire, so a found key comes with a value written for it (or, as above, for a
+//!   key that had the slot before);
+//! * the writer replaces the whole table (a new allocation) to grow; readers holding the
+//!   old one keep a consistent, slightly stale table.
 //!
 //! A reader can see a record half applied (some chunks credited, not yet others): the
 //! result is only ever a routing hint, never replicated state.
@@ -102,8 +107,8 @@ impl FpTable {
         ((u128::from(key) * self.slots.len() as u128) >> 64) as usize
     }
 
-    /// The slot holding `key`, or `Err` with the empty slot where it would go (the table
-    /// is never full: the writer keeps a share of slots empty).
+    /// The slot holding `key`, or `Err` with the empty slot that ends its probe chain
+    /// (the table is never full: the writer keeps a share of slots empty).
     #[inline]
     pub(crate) fn probe(&self, key: u64) -> Result<usize, usize> {
         let n = self.slots.len();
@@ -111,13 +116,70 @@ impl FpTable {
             return Err(0);
         }
         let mut i = self.home(key);
-        loop {
+        // Bounded although the table is never full: a reader racing the writer's moves
+        // must not chase them forever.
+        for _ in 0..n {
             match self.slots[i][0].load(Ordering::Acquire) {
                 k if k == key => return Ok(i),
                 0 => return Err(i),
                 _ => i = if i + 1 == n { 0 } else { i + 1 },
             }
         }
+        Err(i)
+    }
+
+    /// Writer only: the first slot on `key`'s probe chain whose key was removed.
+    pub(crate) fn reusable(&self, key: u64) -> Option<usize> {
+        let n = self.slots.len();
+        let mut i = if n == 0 { return None } else { self.home(key) };
+        loop {
+            match self.slots[i][0].load(Ordering::Relaxed) {
+                0 => return None,
+                _ if self.slots[i][1].load(Ordering::Relaxed) == EMPTY => return Some(i),
+                _ => i = if i + 1 == n { 0 } else { i + 1 },
+            }
+        }
+    }
+
+    /// Writer only: removes the key in slot `i`. With `shift`, the keys after it in its
+    /// run move back to fill the hole wherever their probe chains allow (backward-shift
+    /// deletion: nothing is left behind, the table never needs rebuilding for churn), each
+    /// move reported to `moved(key, value, to)`; returns 1, the slot that became empty.
+    /// Without, the key stays as a removed key (see the module docs); returns 0.
+    pub(crate) fn remove(
+        &self,
+        i: usize,
+        shift: bool,
+        mut moved: impl FnMut(u64, u64, usize),
+    ) -> usize {
+        self.set(i, EMPTY);
+        if !shift {
+            return 0;
+        }
+        let n = self.slots.len();
+        let (mut hole, mut j) = (i, i);
+        loop {
+            j = if j + 1 == n { 0 } else { j + 1 };
+            let k = self.key(j);
+            if k == 0 || j == i {
+                break;
+            }
+            // It may move back unless its home lies (cyclically) after the hole.
+            let back = |from: usize| if from <= j { j - from } else { j + n - from };
+            if back(self.home(k)) >= back(hole) {
+                let v = self.value(j);
+                // Key first: a reader racing the move misses it rather than crediting
+                // the key that was in the hole with its holders.
+                self.slots[hole][0].store(k, Ordering::Release);
+                self.slots[hole][1].store(v, Ordering::Release);
+                self.set(j, EMPTY);
+                moved(k, v, hole);
+                hole = j;
+            }
+        }
+        self.slots[hole][1].store(EMPTY, Ordering::Relaxed);
+        self.slots[hole][0].store(0, Ordering::Release);
+        1
     }
 
     /// The value stored for `key` (`EMPTY` when none).
@@ -147,11 +209,11 @@ impl FpTable {
         self.slots[i][1].store(value, Ordering::Relaxed);
     }
 
-    /// Writer only: writes `key` with `value` into the empty slot `i` (from `probe`).
+    /// Writer only: gives the free slot `i` (from `probe`) to `key`, with `value`.
     #[inline]
     pub(crate) fn claim(&self, i: usize, key: u64, value: u64) {
-        self.slots[i][1].store(value, Ordering::Relaxed);
         self.slots[i][0].store(key, Ordering::Release);
+        self.slots[i][1].store(value, Ordering::Release);
     }
 }
 
@@ -173,6 +235,35 @@ mod tests {
         }
         assert_eq!(t.probe(keys[1]), Ok(0));
         assert_eq!(t.get(5), EMPTY);
+        // A removed key's slot goes to the next key probing past it; the chain holds.
+        t.set(0, EMPTY);
+        let other = u64::MAX - 4;
+        assert_eq!((t.probe(other), t.reusable(other)), (Err(2), Some(0)));
+        t.claim(0, other, 9);
+        assert_eq!(
+            (t.get(other), t.get(keys[1]), t.get(keys[2])),
+            (9, EMPTY, 2)
+        );
+        // State: slot 7 keys[0], 0 `other`, 1 keys[2], all homed at 7. Removing slot 7
+        // moves both back one slot; every chain still finds its key.
+        let mut moves = Vec::new();
+        assert_eq!(t.remove(7, true, |k, v, to| moves.push((k, v, to))), 1);
+        assert_eq!(moves, vec![(other, 9, 7), (keys[2], 2, 0)]);
+        assert_eq!(
+            (t.get(other), t.get(keys[2]), t.get(keys[0])),
+            (9, 2, EMPTY)
+        );
+        assert_eq!((t.key(1), t.key(2)), (0, 0));
+        // A key at its home does not move into a hole before it.
+        let home2 = (2u128 << 64).div_ceil(8) as u64;
+        assert_eq!(t.home(home2), 2);
+        t.claim(1, keys[1], 5);
+        t.claim(2, home2, 6);
+        assert_eq!(t.remove(1, true, |_, _, _| panic!("nothing may move")), 1);
+        assert_eq!((t.get(home2), t.key(1)), (6, 0));
+        // Without shifting the key stays, removed.
+        assert_eq!(t.remove(2, false, |_, _, _| {}), 0);
+        assert_eq!((t.key(2), t.get(home2)), (home2, EMPTY));
         assert_eq!(key_of(0), ZERO_KEY);
         assert_eq!(unpack(pack(1023, 77)), (1023, 77));
         assert_eq!(FpTable::default().get(9), EMPTY);

@@ -363,6 +363,9 @@ pub struct CacheModel {
     claimed: usize,
     /// Keys with holders.
     live: usize,
+    /// Held by each [`ModelImage`] of this table: while one exists, a removed key's slot is
+    /// not given to another key (the image reads its nodes' keys from the table later).
+    images: Arc<()>,
     /// Holder lists of the keys with several holders.
     multi: PMap<Holders>,
     /// (fingerprint, rank) entries: nodes in use.
@@ -386,6 +389,7 @@ impl Clone for CacheModel {
             table: Arc::new((*self.table).clone()),
             claimed: self.claimed,
             live: self.live,
+            images: Arc::default(),
             multi: self.multi.clone(),
             entries: self.entries,
             nodes: self.nodes.clone(),
@@ -407,6 +411,8 @@ impl Clone for CacheModel {
 /// change in it), the session maps. The export itself, walking 10M nodes, runs outside.
 pub struct ModelImage {
     table: Arc<FpTable>,
+    /// Keeps the writer from reusing this table's slots.
+    _pin: Arc<()>,
     nodes: Vec<Node>,
     ranks: Vec<RankLru>,
     sessions: PMap<RankId>,
@@ -431,6 +437,7 @@ impl CacheModel {
             table: Arc::default(),
             claimed: 0,
             live: 0,
+            images: Arc::default(),
             multi: PMap::default(),
             entries: 0,
             nodes: Vec::new(),
@@ -531,10 +538,10 @@ impl CacheModel {
             // Otherwise one probe tells whether this rank holds the chunk (and its node)
             // and gives the slot to extend when it does not.
             let (held, slot) = match hinted {
-                Some(idx) => (Some(idx), None),
+                Some(idx) => (Some(idx), Ok(NIL as usize)),
                 None => match self.table.probe(key) {
-                    Ok(s) => (self.holder_node(s, rank), Some(s)),
-                    Err(_) => (None, None),
+                    Ok(s) => (self.holder_node(s, rank), Ok(s)),
+                    Err(at) => (None, Err(at)),
                 },
             };
             match held {
@@ -548,7 +555,7 @@ impl CacheModel {
                 None => {
                     hint = NIL;
                     // Claiming a slot can replace the table: only then, before the node.
-                    let slot = slot.unwrap_or_else(|| self.claim(key));
+                    let slot = slot.unwrap_or_else(|at| self.claim(key, at));
                     let node = Node {
                         slot: slot as u32,
                         rank,
@@ -662,6 +669,7 @@ impl CacheModel {
     pub fn image(&self) -> ModelImage {
         ModelImage {
             table: self.table.clone(),
+            _pin: self.images.clone(),
             nodes: self.nodes.clone(),
             ranks: self.ranks.clone(),
             sessions: self.sessions.clone(),
@@ -709,10 +717,7 @@ impl CacheModel {
             // Oldest first, each pushed to the front: the list ends in the same order.
             for &(hash, tick, tokens) in r.entries.iter().rev() {
                 let key = key_of(hash);
-                let slot = match m.table.probe(key) {
-                    Ok(s) => s,
-                    Err(_) => m.claim(key),
-                };
+                let slot = m.table.probe(key).unwrap_or_else(|at| m.claim(key, at));
                 let idx = m.nodes.len() as u32;
                 let node = Node {
                     slot: slot as u32,
@@ -810,8 +815,7 @@ impl CacheModel {
         }
         if v & MULTI == 0 {
             if unpack(v).0 == rank {
-                self.table.set(slot, EMPTY);
-                self.live -= 1;
+                self.vacate(slot);
             }
             return;
         }
@@ -823,9 +827,8 @@ impl CacheModel {
         hs.retain(|h| h.0 != rank);
         match hs.len() {
             0 => {
-                self.table.set(slot, EMPTY);
                 self.multi.remove(&key);
-                self.live -= 1;
+                self.vacate(slot);
             }
             1 => {
                 self.table.set(slot, pack(hs[0].0, hs[0].1));
@@ -838,19 +841,46 @@ impl CacheModel {
         }
     }
 
-    /// A slot for `key`, which the table does not have: replaces the table first when it is
-    /// too full.
-    fn claim(&mut self, key: u64) -> usize {
-        if (self.claimed + 1) * MAX_LOAD.1 > self.table.slots() * MAX_LOAD.0 {
+    /// The key in `slot` has no holders left.
+    fn vacate(&mut self, slot: usize) {
+        // An image reads this table's keys by slot: they must stay where they are.
+        let shift = Arc::strong_count(&self.images) == 1;
+        let (nodes, multi) = (&mut self.nodes, &self.multi);
+        self.claimed -= self.table.remove(slot, shift, |key, v, to| {
+            // The moved key's nodes follow it.
+            if v == EMPTY {
+            } else if v & MULTI == 0 {
+                nodes[unpack(v).1 as usize].slot = to as u32;
+            } else if let Some(hs) = multi.get(&key) {
+                hs.iter().for_each(|h| nodes[h.1 as usize].slot = to as u32);
+            }
+        });
+        self.live -= 1;
+    }
+
+    /// A slot for `key`, which the table does not have (`at`: the empty slot its probe
+    /// ended on): a removed key's slot on its probe chain if there is one, else a fresh
+    /// one (the table replaced first when too full).
+    fn claim(&mut self, key: u64, mut at: usize) -> usize {
+        loop {
+            // Removed keys left while an image read the table, once none does.
+            if self.claimed > self.live && Arc::strong_count(&self.images) == 1 {
+                if let Some(at) = self.table.reusable(key) {
+                    self.table.claim(at, key, EMPTY);
+                    return at;
+                }
+            }
+            if (self.claimed + 1) * MAX_LOAD.1 <= self.table.slots() * MAX_LOAD.0 {
+                self.table.claim(at, key, EMPTY);
+                self.claimed += 1;
+                return at;
+            }
             self.rebuild(self.live + 1);
+            at = match self.table.probe(key) {
+                Ok(at) => return at,
+                Err(at) => at,
+            };
         }
-        let at = match self.table.probe(key) {
-            Ok(at) => return at,
-            Err(at) => at,
-        };
-        self.table.claim(at, key, EMPTY);
-        self.claimed += 1;
-        at
     }
 
     /// Replaces the table by one sized for `live` keys, without the removed ones, and
@@ -877,6 +907,8 @@ impl CacheModel {
             }
         }
         self.table = Arc::new(new);
+        // Images keep the old table; this one is not pinned by any.
+        self.images = Arc::default();
         self.claimed = self.live;
     }
 
