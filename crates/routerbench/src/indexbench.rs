@@ -3,7 +3,7 @@
 //! cache model holds `--entries` (fingerprint, rank) entries (10M by default), then reports:
 //!
 //! * bytes per entry: resident memory after minus before (every structure the model keeps:
-//!   LRU nodes, lookup maps, the persistent fingerprint map; allocator slack included);
+//!   LRU nodes, the fingerprint table, shared holder lists; allocator slack included);
 //! * the apply rate while filling;
 //! * the snapshot: its encoded size, the time a build holds the state lock and its whole
 //!   time (copy, export, encode, write to sled and flush);
