@@ -18,7 +18,7 @@
 //! that request threads read while the single writer goes on. Its fingerprint table is
 //! the writer's own, read through atomics (see `fptable`): a view sees writes made after it
 //! was taken, as a routing hint may. Session hints, the lists of fingerprints held by
-//! several ranks and each rank's fill are persistent snapshots as of the view.
+//! several ranks and each rank's free KV are persistent snapshots as of the view.
 
 use crate::fptable::{key_of, pack, unpack, FpTable, EMPTY, MULTI};
 use smallvec::SmallVec;
@@ -154,9 +154,9 @@ pub struct IndexView {
     /// Decisions not applied yet (see [`IndexView::overlay`]): fingerprint -> ranks.
     pending: PMap<SmallVec<[RankId; 2]>>,
     sessions: PMap<RankId>,
-    /// Each rank's modelled KV fill (tokens held / capacity, 0..=1), by rank id, as of the
-    /// last publish.
-    fill: Arc<[f32]>,
+    /// Each rank's modelled free KV (capacity - tokens held), by rank id, as of the view;
+    /// infinite for a rank without a capacity.
+    room: Arc<[f32]>,
     /// Fingerprints held when the view was taken.
     len: usize,
 }
@@ -292,9 +292,12 @@ impl IndexView {
         out
     }
 
-    /// How full the model believes `rank`'s KV cache is (0 = empty or unknown, 1 = full).
-    pub fn fill(&self, rank: RankId) -> f64 {
-        self.fill.get(rank as usize).map_or(0.0, |f| f64::from(*f))
+    /// Tokens the model believes `rank`'s KV cache can take before it evicts (infinite for
+    /// a rank it has no capacity for).
+    pub fn room(&self, rank: RankId) -> f64 {
+        self.room
+            .get(rank as usize)
+            .map_or(f64::INFINITY, |f| f64::from(*f))
     }
 
     /// Number of fingerprints held by any rank when the view was taken.
@@ -603,14 +606,14 @@ impl CacheModel {
             multi: self.multi.clone(),
             pending: PMap::default(),
             sessions: self.sessions.clone(),
-            fill: self
+            room: self
                 .ranks
                 .iter()
                 .map(|r| {
-                    if r.present && r.capacity > 0 {
-                        (r.tokens as f64 / r.capacity as f64).min(1.0) as f32
+                    if r.present {
+                        r.capacity.saturating_sub(r.tokens) as f32
                     } else {
-                        0.0
+                        f32::INFINITY
                     }
                 })
                 .collect(),

@@ -5,8 +5,9 @@
 //! ```text
 //! load(r)   = ( prefill_weight * queued_prefill(r) + decode_weight * decodes(r) ) / weight(r)
 //! excess(r) = max(0, load(r) - min_r' load(r') - load_slack)
-//! cost(r)   = uncached(r) * pressure(r) / weight(r) + excess(r)
+//! cost(r)   = ( uncached(r) + kv_pressure_weight * evicted(r) ) / weight(r) + excess(r)
 //! uncached(r) = prompt_tokens - cached(r)
+//! evicted(r)  = max(0, uncached(r) - room(r))
 //! ```
 //! Candidates are ordered by `cost`, then by `load` (so cold prompts go to the least-loaded
 //! rank), then by a rotation seeded by the caller.
@@ -28,14 +29,19 @@
 //!   cache footprint across ranks.
 //! * `weight(r)` (default 1.0): relative speed of the rank; a rank twice as fast halves
 //!   every cost on it.
-//! * `pressure(r) = 1 + kv_pressure_weight * fill(r)` multiplies `uncached(r)`, where
-//!   `fill(r)` is the cache model's tokens held / capacity of the rank (default weight 1.0).
-//!   On a full rank, tokens not cached there cost twice: computing them now, and the other
-//!   conversations' prefixes they evict, computed again later. So a conversation stays home
-//!   under KV pressure unless its rank is far busier, and a new conversation (uncached the
-//!   same everywhere) goes to the rank with room for it rather than one that would have to
-//!   evict live conversations.
-//!
+//! * `room(r)`: the tokens the cache model says rank `r` can still take before it evicts
+//!   (its capacity minus what it holds). `evicted(r)` is what storing this prompt's uncached
+//!   tokens there would push out: other conversations' prefixes, computed again when they
+//!   come back, so each such token costs `kv_pressure_weight` (default 1.0) more. A new
+//!   conversation (uncached the same everywhere) goes to a rank with room for it rather than
+//!   one that would have to evict, and a rank near capacity stops taking new conversations
+//!   before it starts evicting, while its own conversations (few uncached tokens) stay. Once
+//!   every rank is full (engines keep finished conversations until evicted, so a fleet in
+//!   steady state is), the term is the same everywhere and load decides. A fill-proportional
+//!   surcharge was measured first and dropped: it steered new conversations by fill while
+//!   every rank still had room, which unbalanced decodes (16 ranks: 0.93-0.96x SMG's
+//!   turns/min against 1.01x without it).
+
 //! Everything is in engine tokens, so the formula reads as "estimated work before our first
 //! token". A cached conversation moves only when its rank's queue exceeds the least-loaded
 //! rank's by more than the slack plus the re-prefill cost elsewhere.
@@ -87,9 +93,8 @@ pub struct ScoreParams {
     pub load_slack: f64,
     /// Honour session ids as hints under the `prefix` policy.
     pub session_hint: bool,
-    /// Extra cost of uncached tokens on a rank whose modelled KV is full, as a multiple of
-    /// their prefill (scaled by the rank's fill): storing them evicts other conversations'
-    /// prefixes, which those will compute again.
+    /// Extra cost of each token a prompt would evict from a rank's modelled KV, as a
+    /// multiple of its prefill: other conversations compute their evicted prefixes again.
     pub kv_pressure_weight: f64,
 }
 
@@ -476,10 +481,17 @@ impl<'a> Costing<'a> {
             own
         };
         let cached = self.tokens_upto[credited as usize].min(self.total);
-        let pressure = 1.0 + self.params.kv_pressure_weight * self.view.fill(c.rank);
         let (load, inv_weight) = load_of(self.params, c);
-        let uncached = (self.total - cached) as i64 as f64 * pressure * inv_weight;
-        (own, cached, hinted, load, uncached + self.excess(load))
+        let uncached = (self.total - cached) as i64 as f64;
+        // What storing them would push out of the rank's KV.
+        let evicted = uncached - self.view.room(c.rank);
+        let pressure = if evicted > 0.0 {
+            evicted * self.params.kv_pressure_weight
+        } else {
+            0.0
+        };
+        let work = (uncached + pressure) * inv_weight;
+        (own, cached, hinted, load, work + self.excess(load))
     }
 
     /// Load above the least loaded candidate plus the slack.
@@ -814,10 +826,9 @@ mod tests {
         );
         assert_eq!(e[0].rank, 2);
         assert_eq!(e[0].cached_tokens, 15 * 512);
-        // Rank 2 holds 15 * 512 of its 1M tokens: its uncached tokens cost that much more.
-        let fill = m.view().fill(2);
-        assert!((fill - 15.0 * 512.0 / 1e6).abs() < 1e-6, "{fill}");
-        assert!((e[0].cost - (5 * 512) as f64 * (1.0 + fill)).abs() < 1e-6);
+        // Rank 2 holds 15 * 512 of its 1M tokens: room for the rest, nothing evicted.
+        assert_eq!(m.view().room(2), 1e6 - 15.0 * 512.0);
+        assert_eq!(e[0].cost, (5 * 512) as f64);
         let busy = e.iter().find(|s| s.rank == 1).unwrap();
         assert_eq!(busy.load, 5_000.0);
         assert_eq!(busy.excess_load, 5_000.0 - 2048.0);

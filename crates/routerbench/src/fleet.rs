@@ -272,4 +272,18 @@ mod tests {
         assert!(a.stickiness > rr.stickiness + 0.3, "{a:?} {rr:?}");
         assert!(a.hit_rate > rr.hit_rate, "{a:?} {rr:?}");
     }
+
+    /// Placement stays sticky on large fleets: a conversation's follow-ups go back to its
+    /// replica (>= 99% at 128 and 1,024 replicas, one session per developer to keep it short).
+    #[test]
+    fn large_fleets_stay_sticky() {
+        for replicas in [128, 1024] {
+            let s = Shape {
+                sessions: 1,
+                ..Shape::standard(replicas, 7)
+            };
+            let row = simulate(s, Policy::Prefix, &ScoreParams::default());
+            assert!(row.stickiness >= 0.99, "{row:?}");
+        }
+    }
 }
