@@ -37,11 +37,14 @@
 //!   one that would have to evict, and a rank near capacity stops taking new conversations
 //!   before it starts evicting, while its own conversations (few uncached tokens) stay. Once
 //!   every rank is full (engines keep finished conversations until evicted, so a fleet in
-//!   steady state is), the term is the same everywhere and load decides. A fill-proportional
-//!   surcharge was measured first and dropped: it steered new conversations by fill while
-//!   every rank still had room, which unbalanced decodes (16 ranks: 0.93-0.96x SMG's
-//!   turns/min against 1.01x without it).
-
+//!   steady state is), the term is nearly the same everywhere and load decides. Measured
+//!   (`routerbench compare`, one run each): under KV pressure (4 ranks, 40 developers)
+//!   weight 1 gives 90.3% cached and 1.01x SMG's turns/min, against 87.8% cached at weight
+//!   0; with KV to spare (16 ranks, 96 developers) 0.94x against 1.00-1.01x at weight 0:
+//!   near-full ranks differ in room by less than a prompt, and steering new conversations
+//!   by it unbalances decodes. (A surcharge proportional to fill, measured before, did the
+//!   same: 0.93-0.96x there.)
+//!
 //! Everything is in engine tokens, so the formula reads as "estimated work before our first
 //! token". A cached conversation moves only when its rank's queue exceeds the least-loaded
 //! rank's by more than the slack plus the re-prefill cost elsewhere.
