@@ -117,6 +117,15 @@ fn stamp(tick: u64, tokens: u32) -> u64 {
     (tick << TOKEN_BITS) | u64::from(tokens.min(MAX_CHUNK_TOKENS))
 }
 
+/// Ticks since `n` was last touched, at `tick` (in the stamp's 44 bits).
+fn age(tick: u64, n: &Node) -> u64 {
+    (stamp(tick, 0) >> TOKEN_BITS).wrapping_sub(n.tick()) & (u64::MAX >> TOKEN_BITS)
+}
+
+/// Return intervals within which a rank's oldest entry counts as still in use (see
+/// `CacheModel::room`).
+const LIVE_RETURNS: u64 = 8;
+
 #[derive(Clone, Debug, Default)]
 struct RankLru {
     present: bool,
@@ -356,6 +365,9 @@ pub struct ModelSnapshot {
     pub capacity_evictions: u64,
     /// Counter.
     pub cap_evictions: u64,
+    /// How long conversations take to come back, ticks x 16 (see [`CacheModel::view`]).
+    #[serde(default)]
+    pub return_x16: u64,
 }
 
 /// The single-writer model. See the module docs.
@@ -381,6 +393,9 @@ pub struct CacheModel {
     max_entries: u64,
     max_sessions: u64,
     tick: u64,
+    /// Moving mean of how many ticks pass before a conversation comes back (the age of the
+    /// oldest chunk a record touches), times 16.
+    return_x16: u64,
     capacity_evictions: u64,
     cap_evictions: u64,
 }
@@ -403,6 +418,7 @@ impl Clone for CacheModel {
             max_entries: self.max_entries,
             max_sessions: self.max_sessions,
             tick: self.tick,
+            return_x16: self.return_x16,
             capacity_evictions: self.capacity_evictions,
             cap_evictions: self.cap_evictions,
         }
@@ -421,6 +437,7 @@ pub struct ModelImage {
     sessions: PMap<RankId>,
     session_ticks: HashMap<u64, u64, Ident>,
     tick: u64,
+    return_x16: u64,
     max_entries: u64,
     max_sessions: u64,
     capacity_evictions: u64,
@@ -451,6 +468,7 @@ impl CacheModel {
             max_entries: max_entries.max(1),
             max_sessions: max_sessions.max(1),
             tick: 0,
+            return_x16: 0,
             capacity_evictions: 0,
             cap_evictions: 0,
         }
@@ -526,6 +544,8 @@ impl CacheModel {
         }
         self.tick += 1;
         let tick = self.tick;
+        // The oldest chunk touched: how long ago this conversation was last here.
+        let mut back = 0u64;
         // The node expected to hold the next chunk down: a conversation re-sends its
         // prefix, whose chunks sit next to each other in the rank's list (the last record
         // left them there, head first), so a touch usually needs no probe of the table.
@@ -551,6 +571,7 @@ impl CacheModel {
                 Some(idx) => {
                     let n = &mut self.nodes[idx as usize];
                     hint = n.prev;
+                    back = back.max(age(tick, n));
                     n.stamp = stamp(tick, n.tokens());
                     self.unlink(idx);
                     self.push_front(idx);
@@ -586,6 +607,9 @@ impl CacheModel {
                 }
             }
         }
+        if back > 0 {
+            self.return_x16 = self.return_x16 - self.return_x16 / 16 + back;
+        }
         self.evict_rank_to_capacity(rank);
         while self.entries > self.max_entries {
             self.evict_globally_oldest();
@@ -606,18 +630,29 @@ impl CacheModel {
             multi: self.multi.clone(),
             pending: PMap::default(),
             sessions: self.sessions.clone(),
-            room: self
-                .ranks
-                .iter()
-                .map(|r| {
-                    if r.present {
-                        r.capacity.saturating_sub(r.tokens) as f32
-                    } else {
-                        f32::INFINITY
-                    }
-                })
-                .collect(),
+            room: self.ranks.iter().map(|r| self.room(r)).collect(),
             len: self.live,
+        }
+    }
+
+    /// The tokens `lru`'s rank can take before evicting what conversations still use: its
+    /// free capacity while its least recently used entry is younger than `LIVE_RETURNS`
+    /// mean return intervals (evicting it would likely cost a conversation its prefix),
+    /// unbounded once older (what it evicts belongs to conversations that ended: free to
+    /// drop). Engines keep finished conversations until evicted, so every rank of a fleet
+    /// in steady state is full; only the age of what it would evict tells pressure apart.
+    fn room(&self, lru: &RankLru) -> f32 {
+        if !lru.present {
+            return f32::INFINITY;
+        }
+        let oldest = (lru.tail != NIL).then(|| age(self.tick, &self.nodes[lru.tail as usize]));
+        match oldest {
+            Some(a)
+                if self.return_x16 > 0 && a.saturating_mul(16) > LIVE_RETURNS * self.return_x16 =>
+            {
+                f32::INFINITY
+            }
+            _ => lru.capacity.saturating_sub(lru.tokens) as f32,
         }
     }
 
@@ -638,6 +673,7 @@ impl CacheModel {
     pub fn digest(&self) -> u64 {
         let mut h = Xxh3::new();
         h.update(&self.tick.to_le_bytes());
+        h.update(&self.return_x16.to_le_bytes());
         for (r, lru) in self.ranks.iter().enumerate() {
             if !lru.present {
                 continue;
@@ -678,6 +714,7 @@ impl CacheModel {
             sessions: self.sessions.clone(),
             session_ticks: self.session_ticks.clone(),
             tick: self.tick,
+            return_x16: self.return_x16,
             max_entries: self.max_entries,
             max_sessions: self.max_sessions,
             capacity_evictions: self.capacity_evictions,
@@ -701,6 +738,7 @@ impl CacheModel {
                 sessions: Vec::new(),
                 capacity_evictions: self.capacity_evictions,
                 cap_evictions: self.cap_evictions,
+                return_x16: self.return_x16,
             },
         )
     }
@@ -762,6 +800,7 @@ impl CacheModel {
             m.session_ticks.insert(sid, tick);
         }
         m.tick = s.tick;
+        m.return_x16 = s.return_x16;
         m.capacity_evictions = s.capacity_evictions;
         m.cap_evictions = s.cap_evictions;
         m
@@ -1016,6 +1055,7 @@ impl ModelImage {
                 sessions: Vec::new(),
                 capacity_evictions: self.capacity_evictions,
                 cap_evictions: self.cap_evictions,
+                return_x16: self.return_x16,
             },
         )
     }
@@ -1319,6 +1359,33 @@ mod tests {
             done.store(true, Ordering::Relaxed);
         });
         m.check_links();
+    }
+
+    #[test]
+    fn room_counts_only_while_what_a_rank_would_evict_is_still_in_use() {
+        let mut m = CacheModel::new(1_000_000, 10);
+        m.set_capacity(0, 100);
+        m.set_capacity(1, 100);
+        m.record(1, &fps(100..110), &[10; 10], None);
+        // Rank 1 is full, and nothing is known yet of how conversations come back.
+        assert_eq!(m.view().room(1), 0.0);
+        // Two conversations on rank 0 come back every other record.
+        let (a, b) = (fps(0..5), fps(10..15));
+        for _ in 0..50 {
+            m.record(0, &a, &[10; 5], None);
+            m.record(0, &b, &[10; 5], None);
+        }
+        let v = m.view();
+        // Rank 0 is full of them: what it would evict next is in use.
+        assert_eq!(v.room(0), 0.0);
+        // Rank 1's conversation never came back: evicting it costs nothing.
+        assert_eq!(v.room(1), f64::INFINITY);
+        // A rank the model does not know has no limit either.
+        assert_eq!(v.room(9), f64::INFINITY);
+        // The return interval is state: a snapshot carries it.
+        let back = CacheModel::import(&m.export());
+        assert_eq!(back.digest(), m.digest());
+        assert_eq!(back.view().room(1), f64::INFINITY);
     }
 
     #[test]

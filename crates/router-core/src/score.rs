@@ -30,21 +30,24 @@
 //! * `weight(r)` (default 1.0): relative speed of the rank; a rank twice as fast halves
 //!   every cost on it.
 //! * `room(r)`: the tokens the cache model says rank `r` can still take before it evicts
-//!   (its capacity minus what it holds). `evicted(r)` is what storing this prompt's uncached
-//!   tokens there would push out: other conversations' prefixes, computed again when they
-//!   come back, so each such token costs `kv_pressure_weight` (default 1.0) more. A new
-//!   conversation (uncached the same everywhere) goes to a rank with room for it rather than
-//!   one that would have to evict, and a rank near capacity stops taking new conversations
-//!   before it starts evicting, while its own conversations (few uncached tokens) stay. Once
-//!   every rank is full (engines keep finished conversations until evicted, so a fleet in
-//!   steady state is), the term is nearly the same everywhere and load decides. Measured
-//!   (`routerbench compare`, one run each): under KV pressure (4 ranks, 40 developers)
-//!   weight 1 gives 90.3% cached and 1.01x SMG's turns/min, against 87.8% cached at weight
-//!   0; with KV to spare (16 ranks, 96 developers) 0.94x against 1.00-1.01x at weight 0:
-//!   near-full ranks differ in room by less than a prompt, and steering new conversations
-//!   by it unbalances decodes. (A surcharge proportional to fill, measured before, did the
-//!   same: 0.93-0.96x there.)
-//!
+//!   what conversations still use: its capacity minus what it holds, unbounded once the
+//!   entry it would evict next is older than 8 mean return intervals (the ticks after which
+//!   conversations come back, a moving mean kept in the replicated model). Engines keep
+//!   finished conversations until evicted, so in steady state every rank is full and only
+//!   the age of what it would evict tells pressure apart. `evicted(r)` is what storing this
+//!   prompt's uncached tokens there would push out of that: other conversations' prefixes,
+//!   computed again when they come back, so each such token costs `kv_pressure_weight`
+//!   (default 1.0) more. A new conversation (uncached the same everywhere) goes to a rank
+//!   with room for it rather than one that would have to evict live conversations, and a
+//!   rank near capacity stops taking new conversations before it starts evicting, while its
+//!   own conversations (few uncached tokens) stay. Measured (`routerbench compare`, one run
+//!   each, turns/min against SMG's in the same or an adjacent run): under KV pressure
+//!   (4 ranks, 40 developers) 90.1% cached and about 1.00x with this, 87.8% cached at weight
+//!   0; with KV to spare (16 ranks, 96 developers) about 1.00x, where charging evictions
+//!   regardless of age gave 0.94x (and a surcharge proportional to fill 0.93-0.96x): on a
+//!   full fleet it steered new conversations by a few tokens of room and kept overloaded
+//!   ranks' conversations home, which unbalanced decodes.
+
 //! Everything is in engine tokens, so the formula reads as "estimated work before our first
 //! token". A cached conversation moves only when its rank's queue exceeds the least-loaded
 //! rank's by more than the slack plus the re-prefill cost elsewhere.
