@@ -47,7 +47,7 @@
 //!   regardless of age gave 0.94x (and a surcharge proportional to fill 0.93-0.96x): on a
 //!   full fleet it steered new conversations by a few tokens of room and kept overloaded
 //!   ranks' conversations home, which unbalanced decodes.
-
+//!
 //! Everything is in engine tokens, so the formula reads as "estimated work before our first
 //! token". A cached conversation moves only when its rank's queue exceeds the least-loaded
 //! rank's by more than the slack plus the re-prefill cost elsewhere.
