@@ -436,12 +436,8 @@ pub struct ModelImage {
     ranks: Vec<RankLru>,
     sessions: PMap<RankId>,
     session_ticks: HashMap<u64, u64, Ident>,
-    tick: u64,
-    return_x16: u64,
-    max_entries: u64,
-    max_sessions: u64,
-    capacity_evictions: u64,
-    cap_evictions: u64,
+    /// The snapshot's scalars.
+    head: ModelSnapshot,
 }
 
 /// Approximate bytes one (fingerprint, rank) entry costs: its LRU node and its share of the
@@ -713,12 +709,7 @@ impl CacheModel {
             ranks: self.ranks.clone(),
             sessions: self.sessions.clone(),
             session_ticks: self.session_ticks.clone(),
-            tick: self.tick,
-            return_x16: self.return_x16,
-            max_entries: self.max_entries,
-            max_sessions: self.max_sessions,
-            capacity_evictions: self.capacity_evictions,
-            cap_evictions: self.cap_evictions,
+            head: self.head(),
         }
     }
 
@@ -730,17 +721,22 @@ impl CacheModel {
             &self.ranks,
             &self.sessions,
             &self.session_ticks,
-            ModelSnapshot {
-                tick: self.tick,
-                max_entries: self.max_entries,
-                max_sessions: self.max_sessions,
-                ranks: Vec::new(),
-                sessions: Vec::new(),
-                capacity_evictions: self.capacity_evictions,
-                cap_evictions: self.cap_evictions,
-                return_x16: self.return_x16,
-            },
+            self.head(),
         )
+    }
+
+    /// A snapshot's scalars, its ranks and sessions left empty.
+    fn head(&self) -> ModelSnapshot {
+        ModelSnapshot {
+            tick: self.tick,
+            max_entries: self.max_entries,
+            max_sessions: self.max_sessions,
+            ranks: Vec::new(),
+            sessions: Vec::new(),
+            capacity_evictions: self.capacity_evictions,
+            cap_evictions: self.cap_evictions,
+            return_x16: self.return_x16,
+        }
     }
 
     /// Rebuilds a model from an image.
@@ -1047,16 +1043,7 @@ impl ModelImage {
             &self.ranks,
             &self.sessions,
             &self.session_ticks,
-            ModelSnapshot {
-                tick: self.tick,
-                max_entries: self.max_entries,
-                max_sessions: self.max_sessions,
-                ranks: Vec::new(),
-                sessions: Vec::new(),
-                capacity_evictions: self.capacity_evictions,
-                cap_evictions: self.cap_evictions,
-                return_x16: self.return_x16,
-            },
+            self.head.clone(),
         )
     }
 }
