@@ -172,17 +172,14 @@ pub struct MachineSnapshot {
 /// A [`Machine`] copied for a snapshot; see [`Machine::image`].
 pub struct MachineImage {
     model: ModelImage,
-    /// Everything but the cache model.
+    /// Everything but the cache model (its own model is empty and unused).
     rest: Machine,
 }
 
 impl MachineImage {
     /// The snapshot of the machine as it was when the image was taken.
     pub fn snapshot(&self) -> MachineSnapshot {
-        MachineSnapshot {
-            model: self.model.export(),
-            ..self.rest.snapshot()
-        }
+        self.rest.snapshot_with(self.model.export())
     }
 }
 
@@ -400,8 +397,13 @@ impl Machine {
 
     /// An image for a snapshot.
     pub fn snapshot(&self) -> MachineSnapshot {
+        self.snapshot_with(self.model.export())
+    }
+
+    /// A snapshot of everything but the cache model, with `model`.
+    fn snapshot_with(&self, model: ModelSnapshot) -> MachineSnapshot {
         MachineSnapshot {
-            model: self.model.export(),
+            model,
             servers: self.servers.values().cloned().collect(),
             next_rank: self.next_rank,
             loads: self.loads.iter().map(|(k, v)| (*k, v.clone())).collect(),

@@ -195,7 +195,8 @@ pub async fn run(a: RaftArgs) -> anyhow::Result<()> {
     let (stats, clone_ms, export_ms) = {
         let st = nodes[0].sm.state.read().await;
         let t = Instant::now();
-        let copy = st.machine.clone();
+        // What the store's snapshot builder does: the image under the lock, export after.
+        let copy = st.machine.image();
         let clone_ms = t.elapsed().as_secs_f64() * 1e3;
         let t = Instant::now();
         let image = copy.snapshot();
@@ -205,7 +206,7 @@ pub async fn run(a: RaftArgs) -> anyhow::Result<()> {
     };
     let s = nodes[0].snapshot_stats();
     println!(
-        "snapshots: {} built here, last {:.1} MB; a build holds the state lock {:.1} ms (clone; exporting the same state takes {:.1} ms, outside the lock)",
+        "snapshots: {} built here, last {:.1} MB; a build holds the state lock {:.1} ms (image copy; exporting the same state takes {:.1} ms, outside the lock)",
         s.built,
         s.bytes as f64 / 1e6,
         clone_ms,
