@@ -11,6 +11,7 @@ pub mod codec;
 pub mod config;
 pub mod network;
 pub mod node;
+pub mod snapfile;
 pub mod span;
 pub mod status;
 pub mod store;

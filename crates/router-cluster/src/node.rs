@@ -177,6 +177,7 @@ impl ClusterNode {
         };
         let sm = StateMachineStore::open(
             &db,
+            &cfg.data_dir,
             cfg.max_entries,
             cfg.max_sessions,
             on_apply,

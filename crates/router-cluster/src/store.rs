@@ -1,7 +1,15 @@
 //! Raft storage on sled: the log and vote on disk (flushed before openraft is told they are
-//! durable), the state machine in memory with snapshots persisted to sled, so a restarted
-//! peer rebuilds from its last snapshot plus the log after it.
+//! durable), the state machine in memory with snapshots persisted to a file beside the
+//! database, so a restarted peer rebuilds from its last snapshot plus the log after it.
+//!
+//! No value put in sled is larger than [`PART_BYTES`]: sled 0.34 keeps a page over 128 KiB
+//! in a file of its own under `blobs/` that it never fsyncs (`pagecache/blob_io.rs`), so a
+//! log entry stored that way (a batch of route records is a few hundred KB) would be lost
+//! in a power cut although `flush` had returned and the entry had been acknowledged. Large
+//! entries are stored as parts under consecutive keys (one atomic batch); snapshots go to
+//! [`SnapshotFile`].
 
+use crate::snapfile::SnapshotFile;
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot};
 use openraft::{
     Entry, EntryPayload, LogId, OptionalSend, RaftLogReader, RaftSnapshotBuilder, SnapshotMeta,
@@ -48,8 +56,29 @@ pub type NodeId = u64;
 pub type Node = openraft::BasicNode;
 type SErr = StorageError<NodeId>;
 
+/// Largest value stored in sled. sled's blob threshold applies to whole tree nodes: a leaf
+/// holds up to 17 values before it splits (by count, not size) and is rewritten whole when
+/// consolidated, so 17 parts and their keys must fit in 128 KiB less headers.
+pub const PART_BYTES: usize = 6 << 10;
+
+/// A log entry's key (its first part).
 fn key(index: u64) -> [u8; 8] {
     index.to_be_bytes()
+}
+
+/// The key of part `part` (from 1) of a large entry: it sorts after the entry's own key
+/// and before the next entry's.
+fn part_key(index: u64, part: u32) -> [u8; 12] {
+    let mut k = [0; 12];
+    k[..8].copy_from_slice(&index.to_be_bytes());
+    k[8..].copy_from_slice(&part.to_be_bytes());
+    k
+}
+
+/// The log index a key belongs to, and whether it is an entry's first part.
+fn index_of(k: &[u8]) -> (u64, bool) {
+    let idx = u64::from_be_bytes(k.get(..8).and_then(|b| b.try_into().ok()).unwrap_or([0; 8]));
+    (idx, k.len() == 8)
 }
 
 const VOTE: &str = "vote";
@@ -112,6 +141,54 @@ impl LogStore {
     }
 }
 
+impl LogStore {
+    /// The entries from `start` on while `more(index)` holds, each put back together from
+    /// its parts.
+    fn read_from(
+        &self,
+        start: u64,
+        mut more: impl FnMut(u64) -> bool,
+    ) -> Result<Vec<Entry<TypeConfig>>, SErr> {
+        let decode = |b: &[u8]| crate::codec::decode(b).map_err(|e| StorageIOError::read_logs(&e));
+        let mut out = Vec::new();
+        // The entry being put together: its first part, then the bytes of all parts.
+        let mut first: Option<sled::IVec> = None;
+        let mut whole: Vec<u8> = Vec::new();
+        let mut finish = |first: &mut Option<sled::IVec>, whole: &mut Vec<u8>| {
+            if let Some(f) = first.take() {
+                out.push(if whole.is_empty() {
+                    decode(&f)?
+                } else {
+                    decode(whole)?
+                });
+                whole.clear();
+            }
+            Ok::<_, SErr>(())
+        };
+        for kv in self.logs.range(key(start)..) {
+            let (k, v) = kv.map_err(|e| StorageIOError::read_logs(&e))?;
+            match index_of(&k) {
+                (idx, true) => {
+                    finish(&mut first, &mut whole)?;
+                    if !more(idx) {
+                        break;
+                    }
+                    first = Some(v);
+                }
+                (_, false) => {
+                    let Some(f) = &first else { continue };
+                    if whole.is_empty() {
+                        whole.extend_from_slice(f);
+                    }
+                    whole.extend_from_slice(&v);
+                }
+            }
+        }
+        finish(&mut first, &mut whole)?;
+        Ok(out)
+    }
+}
+
 impl RaftLogReader<TypeConfig> for LogStore {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
@@ -122,16 +199,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Bound::Excluded(x) => x.saturating_add(1),
             Bound::Unbounded => 0,
         };
-        let mut out = Vec::new();
-        for kv in self.logs.range(key(start)..) {
-            let (k, v) = kv.map_err(|e| StorageIOError::read_logs(&e))?;
-            let idx = u64::from_be_bytes(k.as_ref().try_into().unwrap_or([0; 8]));
-            if !range.contains(&idx) {
-                break;
-            }
-            out.push(crate::codec::decode(&v).map_err(|e| StorageIOError::read_logs(&e))?);
-        }
-        Ok(out)
+        self.read_from(start, |idx| range.contains(&idx))
     }
 }
 
@@ -145,10 +213,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .last()
             .map_err(|e| StorageIOError::read_logs(&e))?
         {
-            Some((_, v)) => {
-                let e: Entry<TypeConfig> =
-                    crate::codec::decode(&v).map_err(|e| StorageIOError::read_logs(&e))?;
-                Some(e.log_id)
+            Some((k, _)) => {
+                let idx = index_of(&k).0;
+                match self.read_from(idx, |i| i == idx)?.pop() {
+                    Some(e) => Some(e.log_id),
+                    None => last_purged,
+                }
             }
             None => last_purged,
         };
@@ -189,7 +259,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut batch = sled::Batch::default();
         for e in entries {
             let v = crate::codec::encode(&e).map_err(|e| StorageIOError::write_logs(&e))?;
-            batch.insert(&key(e.log_id.index), v);
+            let idx = e.log_id.index;
+            let mut parts = v.chunks(PART_BYTES);
+            batch.insert(&key(idx), parts.next().unwrap_or_default());
+            for (p, part) in (1..).zip(parts) {
+                batch.insert(&part_key(idx, p), part);
+            }
         }
         self.logs
             .apply_batch(batch)
@@ -220,16 +295,23 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), SErr> {
         self.put_meta(PURGED, &log_id).await?;
-        self.remove_logs(..=key(log_id.index))?;
+        // The purged entry's parts sort after its key, before the next entry's.
+        self.remove_logs(..key(log_id.index.saturating_add(1)))?;
         Ok(())
     }
 }
 
 /// What a snapshot carries.
 #[derive(Serialize, Deserialize)]
-struct SnapshotFile {
+struct SnapshotBody {
     meta: SnapshotMeta<NodeId, Node>,
     machine: MachineSnapshot,
+}
+
+/// A [`SnapshotBody`]'s meta alone.
+#[derive(Deserialize)]
+struct SnapshotHead {
+    meta: SnapshotMeta<NodeId, Node>,
 }
 
 /// Called after each applied batch, under the state machine's lock.
@@ -253,8 +335,10 @@ pub struct SmState {
 pub struct StateMachineStore {
     /// Current state.
     pub state: Arc<RwLock<SmState>>,
-    snapshots: sled::Tree,
-    db: sled::Db,
+    /// Where snapshots persist.
+    file: Arc<SnapshotFile>,
+    /// Earlier versions kept the snapshot in sled (as a blob); read once, then dropped.
+    legacy: sled::Tree,
     snapshot_seq: Arc<AtomicU64>,
     on_apply: Option<OnApply>,
     /// Counters.
@@ -262,29 +346,40 @@ pub struct StateMachineStore {
 }
 
 impl StateMachineStore {
-    /// Opens the state machine, restoring the last snapshot persisted in `db`. `on_apply` is
-    /// called after every applied batch (to publish views to the request path).
+    /// Opens the state machine, restoring the last snapshot persisted in `dir` (the data
+    /// directory `db` lives in). `on_apply` is called after every applied batch (to publish
+    /// views to the request path).
     pub fn open(
         db: &sled::Db,
+        dir: &std::path::Path,
         max_entries: u64,
         max_sessions: u64,
         on_apply: Option<OnApply>,
         stats: Arc<StoreStats>,
     ) -> Result<StateMachineStore, SErr> {
-        let snapshots = db
+        let legacy = db
             .open_tree("raft_snapshot")
             .map_err(|e| StorageIOError::read_state_machine(&e))?;
+        let file = SnapshotFile::new(dir).map_err(|e| StorageIOError::read_state_machine(&e))?;
+        file.clean();
         let mut st = SmState {
             machine: Machine::new(max_entries, max_sessions),
             last_applied: None,
             membership: StoredMembership::default(),
             last_routes: None,
         };
-        if let Some(bytes) = snapshots
-            .get(SNAPSHOT)
+        let stored = match file
+            .read()
             .map_err(|e| StorageIOError::read_state_machine(&e))?
         {
-            let f: SnapshotFile =
+            Some((_, bytes)) => Some(bytes),
+            None => legacy
+                .get(SNAPSHOT)
+                .map_err(|e| StorageIOError::read_state_machine(&e))?
+                .map(|b| b.to_vec()),
+        };
+        if let Some(bytes) = stored {
+            let f: SnapshotBody =
                 crate::codec::decode(&bytes).map_err(|e| StorageIOError::read_state_machine(&e))?;
             st.machine = Machine::restore(&f.machine);
             st.last_applied = f.meta.last_log_id;
@@ -296,12 +391,32 @@ impl StateMachineStore {
         }
         Ok(StateMachineStore {
             state: Arc::new(RwLock::new(st)),
-            snapshots,
-            db: db.clone(),
+            file: Arc::new(file),
+            legacy,
             snapshot_seq: Arc::new(AtomicU64::new(0)),
             on_apply,
             stats,
         })
+    }
+
+    /// Makes `bytes` the persisted snapshot (durable when this returns), off the async
+    /// threads: a snapshot at 10M entries is a few hundred MB.
+    async fn persist(
+        &self,
+        meta: &SnapshotMeta<NodeId, Node>,
+        bytes: Vec<u8>,
+    ) -> Result<Vec<u8>, SErr> {
+        let index = meta.last_log_id.map_or(0, |l| l.index);
+        let file = self.file.clone();
+        let (res, bytes) =
+            tokio::task::spawn_blocking(move || (file.replace(index, &bytes), bytes))
+                .await
+                .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
+        res.map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
+        if self.legacy.contains_key(SNAPSHOT).unwrap_or(false) {
+            let _ = self.legacy.remove(SNAPSHOT);
+        }
+        Ok(bytes)
     }
 }
 
@@ -328,19 +443,13 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
             last_membership: membership,
             snapshot_id,
         };
-        let file = SnapshotFile {
+        let file = SnapshotBody {
             meta: meta.clone(),
             machine,
         };
         let bytes = crate::codec::encode(&file)
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
-        self.snapshots
-            .insert(SNAPSHOT, bytes.clone())
-            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
-        self.db
-            .flush_async()
-            .await
-            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
+        let bytes = self.persist(&meta, bytes).await?;
         self.stats.snapshots_built.fetch_add(1, Relaxed);
         self.stats.snapshot_bytes.store(bytes.len() as u64, Relaxed);
         self.stats
@@ -425,7 +534,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let started = std::time::Instant::now();
         let bytes = snapshot.into_inner();
         let len = bytes.len() as u64;
-        let f: SnapshotFile = crate::codec::decode(&bytes)
+        let f: SnapshotBody = crate::codec::decode(&bytes)
             .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
         // Rebuild outside the lock; readers and snapshot builders wait only for the swap.
         let machine = Machine::restore(&f.machine);
@@ -438,13 +547,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 cb(&st);
             }
         }
-        self.snapshots
-            .insert(SNAPSHOT, bytes)
-            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
-        self.db
-            .flush_async()
-            .await
-            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
+        self.persist(meta, bytes).await?;
         self.stats.snapshots_installed.fetch_add(1, Relaxed);
         self.stats.snapshot_bytes.store(len, Relaxed);
         self.stats
@@ -454,20 +557,28 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, SErr> {
-        match self
-            .snapshots
-            .get(SNAPSHOT)
+        let file = self.file.clone();
+        let stored = tokio::task::spawn_blocking(move || file.read())
+            .await
             .map_err(|e| StorageIOError::read_state_machine(&e))?
-        {
-            Some(bytes) => {
-                let f: SnapshotFile = crate::codec::decode(&bytes)
-                    .map_err(|e| StorageIOError::read_state_machine(&e))?;
-                Ok(Some(Snapshot {
-                    meta: f.meta,
-                    snapshot: Box::new(Cursor::new(bytes.to_vec())),
-                }))
-            }
-            None => Ok(None),
-        }
+            .map_err(|e| StorageIOError::read_state_machine(&e))?;
+        let bytes = match stored {
+            Some((_, bytes)) => bytes,
+            None => match self
+                .legacy
+                .get(SNAPSHOT)
+                .map_err(|e| StorageIOError::read_state_machine(&e))?
+            {
+                Some(b) => b.to_vec(),
+                None => return Ok(None),
+            },
+        };
+        // Only the meta: the machine is skipped over, not built.
+        let f: SnapshotHead =
+            crate::codec::decode(&bytes).map_err(|e| StorageIOError::read_state_machine(&e))?;
+        Ok(Some(Snapshot {
+            meta: f.meta,
+            snapshot: Box::new(Cursor::new(bytes)),
+        }))
     }
 }

@@ -24,7 +24,7 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, Dir> for Builder {
         let _ = std::fs::remove_dir_all(&path);
         let db = sled::open(&path).expect("open sled");
         let log = LogStore::open(&db, Default::default()).expect("log store");
-        let sm = StateMachineStore::open(&db, 10_000, 1_000, None, Default::default())?;
+        let sm = StateMachineStore::open(&db, &path, 10_000, 1_000, None, Default::default())?;
         Ok((Dir(path), log, sm))
     }
 }

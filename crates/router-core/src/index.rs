@@ -33,8 +33,10 @@ pub struct Route {
     /// Rank that served the prompt.
     pub rank: RankId,
     /// The prompt's fingerprints.
+    #[serde(with = "crate::packed")]
     pub hashes: Vec<u64>,
     /// Tokens of each fingerprinted chunk.
+    #[serde(with = "crate::packed")]
     pub chunk_tokens: Vec<u32>,
     /// Session id hash, if any.
     pub session: Option<u64>,

@@ -10,6 +10,7 @@ pub mod health;
 pub mod index;
 mod json;
 pub mod machine;
+mod packed;
 pub mod score;
 pub mod secret;
 pub mod upstream_url;

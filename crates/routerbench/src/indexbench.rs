@@ -78,6 +78,7 @@ async fn measure(a: &IndexArgs, dir: &std::path::Path) -> anyhow::Result<()> {
     let before = resident_bytes()?;
     let mut store = StateMachineStore::open(
         &db,
+        dir,
         a.entries,
         1_000_000,
         None,
@@ -186,6 +187,7 @@ async fn measure(a: &IndexArgs, dir: &std::path::Path) -> anyhow::Result<()> {
     let p = published.clone();
     let store = StateMachineStore::open(
         &db,
+        dir,
         a.entries,
         1_000_000,
         Some(Arc::new(move |st| {
