@@ -45,6 +45,11 @@ pub struct CompareArgs {
     /// Skip the peer routers (SMG and vllm-router `cache_aware`).
     #[arg(long)]
     pub no_peers: bool,
+    /// Skip the ceiling run: the router (`prefix`) in front of engines whose prefill costs
+    /// nothing, as if every prompt token were cached. No placement can beat its turns/min on
+    /// this fleet and workload, so it bounds every router's ratio against the others.
+    #[arg(long)]
+    pub no_ceiling: bool,
     /// Virtual environment the peer routers are installed into (made on first use;
     /// default: `peers-venv` beside this binary).
     #[arg(long)]
@@ -62,6 +67,9 @@ pub struct CompareArgs {
     #[arg(long)]
     pub workdir: Option<std::path::PathBuf>,
 }
+
+/// The label of the ceiling run.
+pub const CEILING: &str = "ceiling (prefill free)";
 
 /// A running engine-sim fleet.
 pub struct Fleet {
@@ -207,6 +215,19 @@ pub async fn run(a: CompareArgs) -> anyhow::Result<Vec<Report>> {
         r.label = format!("router {policy}");
         reports.push(r);
     }
+    if !a.no_ceiling {
+        eprintln!("== ceiling (prefill free)");
+        // Prefill a million times faster: every turn costs what a fully cached one would.
+        let free = CompareArgs {
+            prefill_tps: a.prefill_tps * 1e6,
+            ..a.clone()
+        };
+        let fleet = start_fleet(&free, &dir, "ceiling").await?;
+        let (_router, url) = start_router(&dir, &fleet, "prefix", a.capacity_tokens).await?;
+        let mut r = workload::run(params(&a, url, salt0.wrapping_add(99)), CEILING).await?;
+        r.label = CEILING.to_owned();
+        reports.push(r);
+    }
     println!(
         "\nworkload {:?}: {} developers, {} ranks, {} s per run, scale {}, speed {}x, KV {} tokens/rank\n",
         a.workload, a.developers, a.ranks, a.duration, a.scale, a.speed, a.capacity_tokens
@@ -221,6 +242,15 @@ pub async fn run(a: CompareArgs) -> anyhow::Result<Vec<Report>> {
             ]
         )
     );
+    let find = |label: &str| reports.iter().find(|r| r.label == label);
+    if let (Some(c), Some(smg)) = (find(CEILING), find("smg cache_aware")) {
+        if smg.turns_per_min > 0.0 {
+            println!(
+                "\nceiling / smg turns/min: {:.2}x (no placement of this workload on this fleet does better)",
+                c.turns_per_min / smg.turns_per_min
+            );
+        }
+    }
     if let Some(p) = &a.json {
         std::fs::write(p, serde_json::to_vec_pretty(&reports)?)?;
     }
