@@ -139,6 +139,9 @@ pub(crate) async fn read_body(
         .map_or(UNSIZED_BODY, |l| l as usize)
         .min(limit as usize);
     let mut buf = BodyBuf::with_size(size).map_err(no_memory)?;
+    // A body that arrives whole in one frame is kept as it came (a slice of the
+    // connection's read buffer), not copied.
+    let mut whole: Option<Bytes> = None;
     let read = async {
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| {
@@ -149,8 +152,9 @@ pub(crate) async fn read_body(
             })?;
             if let Ok(data) = frame.into_data() {
                 let fits = declared.map_or(limit, |d| d.min(limit));
-                if (buf.len() + data.len()) as u64 > fits {
-                    return Err(if (buf.len() + data.len()) as u64 > limit {
+                let have = buf.len() + whole.as_ref().map_or(0, Bytes::len);
+                if (have + data.len()) as u64 > fits {
+                    return Err(if (have + data.len()) as u64 > limit {
                         ApiError::body_too_large(limit)
                     } else {
                         ApiError::bad_request(
@@ -158,6 +162,13 @@ pub(crate) async fn read_body(
                             "the body is longer than its content-length",
                         )
                     });
+                }
+                if have == 0 && data.len() as u64 == fits && data.len() < MAPPED_BODY {
+                    whole = Some(data);
+                    continue;
+                }
+                if let Some(w) = whole.take() {
+                    buf.put(&w, limit as usize).map_err(no_memory)?;
                 }
                 buf.put(&data, limit as usize).map_err(no_memory)?;
             }
@@ -167,7 +178,7 @@ pub(crate) async fn read_body(
     tokio::time::timeout(Duration::from_millis(ctx.cfg.timeouts.client_body_ms), read)
         .await
         .map_err(|_| ApiError::client_timeout())??;
-    Ok((parts, buf.freeze()))
+    Ok((parts, whole.unwrap_or_else(|| buf.freeze())))
 }
 
 /// Puts `"routed_dp_rank": dp` last in the top-level object, so it wins over any value the
