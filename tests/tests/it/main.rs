@@ -4,7 +4,6 @@
 
 mod admin;
 mod agent;
-mod cluster;
 mod config;
 mod errors;
 mod failures;
