@@ -47,6 +47,16 @@
 //!   regardless of age gave 0.94x (and a surcharge proportional to fill 0.93-0.96x): on a
 //!   full fleet it steered new conversations by a few tokens of room and kept overloaded
 //!   ranks' conversations home, which unbalanced decodes.
+//! * `pressured_prefill_weight` (0.5), `pressured_decode_weight` (128): the load weights once
+//!   some candidate has less room than the whole prompt (the fleet's KV, not its compute, is
+//!   what limits it). A move for load then costs a re-read, a stale copy on the old rank and
+//!   live prefixes pushed out of the new one, while queued prefill is mostly bursts of first
+//!   turns that pass; decodes, which persist, count more. Measured (`routerbench compare
+//!   --policies prefix`, the same binary with the shift off, pairs of runs): 4 ranks / 40
+//!   developers 90.9-91.1% cached against 90.2-90.6% (sticky 90% against 87%), turns/min
+//!   +0.6% and +2.6%; 8 and 16 ranks (room to spare, no shift) level. The same weights
+//!   applied always gained as much at 4 ranks and lost 5-6% at 16 (busiest rank 1.3-1.6x
+//!   the mean).
 //!
 //! Everything is in engine tokens, so the formula reads as "estimated work before our first
 //! token". A cached conversation moves only when its rank's queue exceeds the least-loaded
@@ -102,6 +112,11 @@ pub struct ScoreParams {
     /// Extra cost of each token a prompt would evict from a rank's modelled KV, as a
     /// multiple of its prefill: other conversations compute their evicted prefixes again.
     pub kv_pressure_weight: f64,
+    /// `prefill_weight` once some candidate has no room for a whole copy of the prompt
+    /// without evicting live conversations (the fleet's KV is the constraint).
+    pub pressured_prefill_weight: f64,
+    /// `decode_weight` under the same condition.
+    pub pressured_decode_weight: f64,
 }
 
 impl Default for ScoreParams {
@@ -112,6 +127,8 @@ impl Default for ScoreParams {
             load_slack: 2048.0,
             session_hint: true,
             kv_pressure_weight: 1.0,
+            pressured_prefill_weight: 0.5,
+            pressured_decode_weight: 128.0,
         }
     }
 }
@@ -326,20 +343,20 @@ fn cmp_f64(a: f64, b: f64) -> std::cmp::Ordering {
 }
 
 fn load_cost(p: &ScoreParams, c: &Candidate) -> f64 {
-    load_of(p, c).0
+    load_of((p.prefill_weight, p.decode_weight), c).0
 }
 
 /// A candidate's load cost and 1 / its weight: one division, none for the usual weight
 /// of 1 (recomputing this is cheaper than storing it for a thousand candidates).
 #[inline(always)]
-fn load_of(p: &ScoreParams, c: &Candidate) -> (f64, f64) {
+fn load_of((prefill_weight, decode_weight): (f64, f64), c: &Candidate) -> (f64, f64) {
     let inv_weight = if c.weight == 1.0 {
         1.0
     } else {
         1.0 / c.weight.max(1e-9)
     };
-    let load = (p.prefill_weight * c.queued_prefill as f64 + p.decode_weight * c.decodes as f64)
-        * inv_weight;
+    let load =
+        (prefill_weight * c.queued_prefill as f64 + decode_weight * c.decodes as f64) * inv_weight;
     (load, inv_weight)
 }
 
@@ -419,6 +436,8 @@ struct Costing<'a> {
     hinted: Option<RankId>,
     min_load: f64,
     total: u64,
+    /// Prefill and decode weights of the load term ([`load_weights`]).
+    weights: (f64, f64),
 }
 
 impl<'a> Costing<'a> {
@@ -439,10 +458,12 @@ impl<'a> Costing<'a> {
                 *slot = *d;
             }
         }
+        let total = input.fps.total_tokens;
+        let weights = load_weights(params, view, candidates, total);
         let (mut best_matched, mut min_load) = (0, f64::INFINITY);
         for c in candidates {
             best_matched = best_matched.max(depth[c.rank as usize]);
-            let load = load_of(params, c).0;
+            let load = load_of(weights, c).0;
             if load < min_load {
                 min_load = load;
             }
@@ -470,7 +491,8 @@ impl<'a> Costing<'a> {
             best_matched,
             hinted,
             min_load,
-            total: input.fps.total_tokens,
+            total,
+            weights,
         }
     }
 
@@ -487,7 +509,7 @@ impl<'a> Costing<'a> {
             own
         };
         let cached = self.tokens_upto[credited as usize].min(self.total);
-        let (load, inv_weight) = load_of(self.params, c);
+        let (load, inv_weight) = load_of(self.weights, c);
         let uncached = (self.total - cached) as i64 as f64;
         // What storing them would push out of the rank's KV.
         let evicted = uncached - self.view.room(c.rank);
@@ -524,6 +546,28 @@ impl<'a> Costing<'a> {
             cost,
             hinted,
         }
+    }
+}
+
+/// The load term's prefill and decode weights: the configured ones while every candidate
+/// could take a whole copy of this prompt without evicting what live conversations use, the
+/// `pressured_*` ones once some cannot. Then the fleet's KV is what limits it: a
+/// conversation moved for load re-reads its prompt, leaves a stale copy in its old rank
+/// and pushes live prefixes out of a full one, while the queued prefill that moved it is
+/// mostly a burst (first turns) that passes; running decodes, which persist, count more.
+fn load_weights(
+    params: &ScoreParams,
+    view: &IndexView,
+    candidates: &[Candidate],
+    total: u64,
+) -> (f64, f64) {
+    if candidates.iter().any(|c| view.room(c.rank) < total as f64) {
+        (
+            params.pressured_prefill_weight,
+            params.pressured_decode_weight,
+        )
+    } else {
+        (params.prefill_weight, params.decode_weight)
     }
 }
 
@@ -885,6 +929,67 @@ mod tests {
             assert_eq!(d.order[0], 0);
             assert_eq!(d.reason, Reason::PrefixHit);
         }
+    }
+
+    #[test]
+    fn a_full_fleet_keeps_a_conversation_home_under_a_prefill_burst_that_moves_it_otherwise() {
+        let conv = |seed: u64, n: u64| Fingerprints {
+            hashes: (1..=n).map(|i| seed * 1_000_000 + i).collect(),
+            chunk_tokens: vec![512; n as usize],
+            total_tokens: n * 512,
+        };
+        // Rank 0 holds conversation `a` (9 chunks) and, where its KV is 20 chunks, is
+        // nearly full with `b`; the next turn of `a` adds one chunk. Rank 0 has a burst of
+        // 10,000 queued prefill tokens, rank 1 none.
+        let next = conv(1, 10);
+        let place = |capacity_chunks: u64| {
+            let mut m = CacheModel::new(10_000, 100);
+            m.set_capacity(0, capacity_chunks * 512);
+            m.set_capacity(1, capacity_chunks * 512);
+            for f in [conv(1, 9), conv(2, 9)] {
+                m.record(0, &f.hashes, &f.chunk_tokens, None);
+            }
+            let mut c = cands(2);
+            c[0].queued_prefill = 10_000;
+            pick(Policy::Prefix, &next, &m, &c, 0)
+        };
+        // Room to spare: 10,000 queued tokens outweigh re-reading 9 chunks on rank 1.
+        let roomy = place(1_000);
+        assert_eq!((roomy.order[0], roomy.reason), (1, Reason::Load));
+        // Rank 0 cannot take a whole copy of the prompt without evicting `b`: the fleet's
+        // KV is the constraint, queued prefill counts half, and the conversation stays.
+        let full = place(20);
+        assert_eq!((full.order[0], full.reason), (0, Reason::PrefixHit));
+        // Running decodes still move it: they count twice under pressure.
+        let mut m = CacheModel::new(10_000, 100);
+        m.set_capacity(0, 20 * 512);
+        m.set_capacity(1, 20 * 512);
+        for f in [conv(1, 9), conv(2, 9)] {
+            m.record(0, &f.hashes, &f.chunk_tokens, None);
+        }
+        let mut c = cands(2);
+        c[0].decodes = 60;
+        let d = pick(Policy::Prefix, &next, &m, &c, 0);
+        assert_eq!((d.order[0], d.reason), (1, Reason::Load));
+        let plain = select(
+            Policy::Prefix,
+            &ScoreParams {
+                pressured_prefill_weight: 1.0,
+                pressured_decode_weight: 64.0,
+                ..ScoreParams::default()
+            },
+            &RouteInput {
+                fps: &next,
+                session: None,
+                tie: 0,
+            },
+            &m.view(),
+            &c,
+        );
+        assert_eq!(
+            plain.order[0], 0,
+            "60 decodes at the plain weight do not move it"
+        );
     }
 
     /// The partial selection the data plane uses orders exactly the first `want`

@@ -599,7 +599,16 @@ impl Config {
             return bad("the same upstream URL is listed twice".into());
         }
         self.fingerprint.validate().map_err(ConfigError::Invalid)?;
-        if !(self.score.prefill_weight >= 0.0 && self.score.decode_weight >= 0.0) {
+        let s = &self.score;
+        if ![
+            s.prefill_weight,
+            s.decode_weight,
+            s.pressured_prefill_weight,
+            s.pressured_decode_weight,
+        ]
+        .iter()
+        .all(|w| *w >= 0.0)
+        {
             return bad("score weights must be non-negative".into());
         }
         if self.cache.default_capacity_tokens == 0 || self.cache.max_entries == 0 {
