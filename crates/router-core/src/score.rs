@@ -942,16 +942,19 @@ mod tests {
         // nearly full with `b`; the next turn of `a` adds one chunk. Rank 0 has a burst of
         // 10,000 queued prefill tokens, rank 1 none.
         let next = conv(1, 10);
-        let place = |capacity_chunks: u64| {
+        let holding = |capacity_chunks: u64| {
             let mut m = CacheModel::new(10_000, 100);
             m.set_capacity(0, capacity_chunks * 512);
             m.set_capacity(1, capacity_chunks * 512);
             for f in [conv(1, 9), conv(2, 9)] {
                 m.record(0, &f.hashes, &f.chunk_tokens, None);
             }
+            m
+        };
+        let place = |capacity_chunks: u64| {
             let mut c = cands(2);
             c[0].queued_prefill = 10_000;
-            pick(Policy::Prefix, &next, &m, &c, 0)
+            pick(Policy::Prefix, &next, &holding(capacity_chunks), &c, 0)
         };
         // Room to spare: 10,000 queued tokens outweigh re-reading 9 chunks on rank 1.
         let roomy = place(1_000);
@@ -961,12 +964,7 @@ mod tests {
         let full = place(20);
         assert_eq!((full.order[0], full.reason), (0, Reason::PrefixHit));
         // Running decodes still move it: they count twice under pressure.
-        let mut m = CacheModel::new(10_000, 100);
-        m.set_capacity(0, 20 * 512);
-        m.set_capacity(1, 20 * 512);
-        for f in [conv(1, 9), conv(2, 9)] {
-            m.record(0, &f.hashes, &f.chunk_tokens, None);
-        }
+        let m = holding(20);
         let mut c = cands(2);
         c[0].decodes = 60;
         let d = pick(Policy::Prefix, &next, &m, &c, 0);

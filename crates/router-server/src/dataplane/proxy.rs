@@ -138,9 +138,9 @@ pub(crate) async fn read_body(
     let size = declared
         .map_or(UNSIZED_BODY, |l| l as usize)
         .min(limit as usize);
-    let mut buf = BodyBuf::with_size(size).map_err(no_memory)?;
-    // A body that arrives whole in one frame is kept as it came (a slice of the
-    // connection's read buffer), not copied.
+    // Made at the first frame that must be copied: a body that arrives whole in one frame
+    // is kept as it came (a slice of the connection's read buffer), with no buffer at all.
+    let mut buf: Option<BodyBuf> = None;
     let mut whole: Option<Bytes> = None;
     let read = async {
         while let Some(frame) = body.frame().await {
@@ -152,7 +152,8 @@ pub(crate) async fn read_body(
             })?;
             if let Ok(data) = frame.into_data() {
                 let fits = declared.map_or(limit, |d| d.min(limit));
-                let have = buf.len() + whole.as_ref().map_or(0, Bytes::len);
+                let have =
+                    buf.as_ref().map_or(0, BodyBuf::len) + whole.as_ref().map_or(0, Bytes::len);
                 if (have + data.len()) as u64 > fits {
                     return Err(if (have + data.len()) as u64 > limit {
                         ApiError::body_too_large(limit)
@@ -167,10 +168,14 @@ pub(crate) async fn read_body(
                     whole = Some(data);
                     continue;
                 }
+                let b = match &mut buf {
+                    Some(b) => b,
+                    None => buf.insert(BodyBuf::with_size(size).map_err(no_memory)?),
+                };
                 if let Some(w) = whole.take() {
-                    buf.put(&w, limit as usize).map_err(no_memory)?;
+                    b.put(&w, limit as usize).map_err(no_memory)?;
                 }
-                buf.put(&data, limit as usize).map_err(no_memory)?;
+                b.put(&data, limit as usize).map_err(no_memory)?;
             }
         }
         Ok(())
@@ -178,7 +183,12 @@ pub(crate) async fn read_body(
     tokio::time::timeout(Duration::from_millis(ctx.cfg.timeouts.client_body_ms), read)
         .await
         .map_err(|_| ApiError::client_timeout())??;
-    Ok((parts, whole.unwrap_or_else(|| buf.freeze())))
+    let body = match (whole, buf) {
+        (Some(w), _) => w,
+        (None, Some(b)) => b.freeze(),
+        (None, None) => Bytes::new(),
+    };
+    Ok((parts, body))
 }
 
 /// Puts `"routed_dp_rank": dp` last in the top-level object, so it wins over any value the
