@@ -81,25 +81,30 @@ type PMap<V> = imbl::GenericHashMap<u64, V, Ident, imbl::shared_ptr::DefaultShar
 
 const NIL: u32 = u32::MAX;
 
+/// Table slots read ahead at once (see `FpTable::warm`): enough misses in flight to keep
+/// the memory system busy, few enough to stay in the first-level cache.
+const WARM_AHEAD: usize = 16;
+
 /// Bits of a node's stamp that hold its chunk's tokens; the tick takes the other 44
 /// (1.7e13 records: centuries at any real routing rate).
 const TOKEN_BITS: u32 = 20;
 /// Tokens one chunk can count (larger counts saturate; chunks are a few thousand tokens).
 pub const MAX_CHUNK_TOKENS: u32 = (1 << TOKEN_BITS) - 1;
 
-/// The table is replaced once claimed slots (live and removed keys) pass 17/20 of it...
+/// The table is replaced once its keys pass 17/20 of its slots...
 const MAX_LOAD: (usize, usize) = (17, 20);
 /// ...by one that the live keys fill to 18/25: dense enough for memory, sparse enough that
 /// a linear probe stays a cache line or two.
 const REBUILD_LOAD: (usize, usize) = (18, 25);
 
-/// One (fingerprint, rank) entry: 24 bytes.
+/// One (fingerprint, rank) entry: 24 bytes. Its rank is the list it is in (every caller
+/// knows it). It names its fingerprint by key, not by table slot, so the table may move
+/// keys (see `fptable`) without touching the nodes, and a snapshot image needs only the
+/// nodes.
 #[derive(Clone, Copy, Debug)]
 struct Node {
-    /// The fingerprint's slot in the table (keys stay put until the table is replaced,
-    /// which rewrites these).
-    slot: u32,
-    rank: RankId,
+    /// The fingerprint's table key.
+    key: u64,
     prev: u32,
     next: u32,
     /// Tick of the last touch and the chunk's tokens, packed.
@@ -376,13 +381,8 @@ pub struct ModelSnapshot {
 pub struct CacheModel {
     /// Fingerprint -> holders; shared with the views (see `fptable`).
     table: Arc<FpTable>,
-    /// Slots of `table` with a key (live or removed).
-    claimed: usize,
-    /// Keys with holders.
+    /// Keys in the table (each has holders).
     live: usize,
-    /// Held by each [`ModelImage`] of this table: while one exists, a removed key's slot is
-    /// not given to another key (the image reads its nodes' keys from the table later).
-    images: Arc<()>,
     /// Holder lists of the keys with several holders.
     multi: PMap<Holders>,
     /// (fingerprint, rank) entries: nodes in use.
@@ -407,9 +407,7 @@ impl Clone for CacheModel {
     fn clone(&self) -> Self {
         CacheModel {
             table: Arc::new((*self.table).clone()),
-            claimed: self.claimed,
             live: self.live,
-            images: Arc::default(),
             multi: self.multi.clone(),
             entries: self.entries,
             nodes: self.nodes.clone(),
@@ -428,12 +426,9 @@ impl Clone for CacheModel {
 }
 
 /// What a [`ModelSnapshot`] is exported from, copied under the writer's lock: the LRU
-/// nodes and ranks (flat copies), the table shared (the keys the nodes point at never
-/// change in it), the session maps. The export itself, walking 10M nodes, runs outside.
+/// nodes (which carry their keys) and ranks as flat copies, the session maps. The export
+/// itself, walking 10M nodes, runs outside.
 pub struct ModelImage {
-    table: Arc<FpTable>,
-    /// Keeps the writer from reusing this table's slots.
-    _pin: Arc<()>,
     nodes: Vec<Node>,
     ranks: Vec<RankLru>,
     sessions: PMap<RankId>,
@@ -453,9 +448,7 @@ impl CacheModel {
     pub fn new(max_entries: u64, max_sessions: u64) -> Self {
         CacheModel {
             table: Arc::default(),
-            claimed: 0,
             live: 0,
-            images: Arc::default(),
             multi: PMap::default(),
             entries: 0,
             nodes: Vec::new(),
@@ -512,7 +505,7 @@ impl CacheModel {
         let mut cur = lru.head;
         while cur != NIL {
             let next = self.nodes[cur as usize].next;
-            self.drop_node(cur);
+            self.drop_node(rank, cur);
             cur = next;
         }
         self.ranks[rank as usize] = RankLru::default();
@@ -547,15 +540,23 @@ impl CacheModel {
         // The node expected to hold the next chunk down: a conversation re-sends its
         // prefix, whose chunks sit next to each other in the rank's list (the last record
         // left them there, head first), so a touch usually needs no probe of the table.
-        // Always a live node of this rank's list (a neighbour of one), or NIL.
+        // Always a live node of this rank's list (a neighbour of one), or NIL: its key
+        // alone tells whether it is the chunk's.
         let mut hint = NIL;
+        // Chunks from this index on have had their table slots read ahead (`warm`).
+        let mut warmed = hashes.len();
         // Last to first: the head of the prefix ends up most recent.
         for (i, h) in hashes.iter().enumerate().rev() {
             let key = key_of(*h);
-            let hinted = (hint != NIL)
-                .then(|| self.nodes[hint as usize])
-                .filter(|n| n.rank == rank && self.table.key(n.slot as usize) == key)
-                .map(|_| hint);
+            let hinted = (hint != NIL && self.nodes[hint as usize].key == key).then_some(hint);
+            if hinted.is_none() && i < warmed {
+                // A chunk that needs a probe: usually the ones before it will too (a new
+                // or evicted prefix), so read their slots ahead in one overlapped batch.
+                let from = i.saturating_sub(WARM_AHEAD - 1);
+                let keys = hashes[from..=i].iter().map(|h| key_of(*h));
+                std::hint::black_box(self.table.warm(keys));
+                warmed = from;
+            }
             // Otherwise one probe tells whether this rank holds the chunk (and its node)
             // and gives the slot to extend when it does not.
             let (held, slot) = match hinted {
@@ -571,16 +572,15 @@ impl CacheModel {
                     hint = n.prev;
                     back = back.max(age(tick, n));
                     n.stamp = stamp(tick, n.tokens());
-                    self.unlink(idx);
-                    self.push_front(idx);
+                    self.unlink(rank, idx);
+                    self.push_front(rank, idx);
                 }
                 None => {
                     hint = NIL;
                     // Claiming a slot can replace the table: only then, before the node.
                     let slot = slot.unwrap_or_else(|at| self.claim(key, at));
                     let node = Node {
-                        slot: slot as u32,
-                        rank,
+                        key,
                         prev: NIL,
                         next: NIL,
                         stamp: stamp(tick, chunk_tokens.get(i).copied().unwrap_or(0)),
@@ -600,7 +600,7 @@ impl CacheModel {
                     let lru = &mut self.ranks[rank as usize];
                     lru.tokens += u64::from(tokens);
                     lru.entries += 1;
-                    self.push_front(idx);
+                    self.push_front(rank, idx);
                     self.add_holder(slot, rank, idx);
                 }
             }
@@ -682,7 +682,7 @@ impl CacheModel {
             let mut cur = lru.head;
             while cur != NIL {
                 let n = &self.nodes[cur as usize];
-                h.update(&self.table.key(n.slot as usize).to_le_bytes());
+                h.update(&n.key.to_le_bytes());
                 h.update(&n.tick().to_le_bytes());
                 h.update(&n.tokens().to_le_bytes());
                 cur = n.next;
@@ -705,8 +705,6 @@ impl CacheModel {
     /// What an export needs, copied (see [`ModelImage`]): O(entries) flat copying, no walk.
     pub fn image(&self) -> ModelImage {
         ModelImage {
-            table: self.table.clone(),
-            _pin: self.images.clone(),
             nodes: self.nodes.clone(),
             ranks: self.ranks.clone(),
             sessions: self.sessions.clone(),
@@ -718,7 +716,6 @@ impl CacheModel {
     /// An image of the whole model.
     pub fn export(&self) -> ModelSnapshot {
         export(
-            &self.table,
             &self.nodes,
             &self.ranks,
             &self.sessions,
@@ -759,8 +756,7 @@ impl CacheModel {
                 let slot = m.table.probe(key).unwrap_or_else(|at| m.claim(key, at));
                 let idx = m.nodes.len() as u32;
                 let node = Node {
-                    slot: slot as u32,
-                    rank: r.rank,
+                    key,
                     prev: NIL,
                     next: NIL,
                     stamp: stamp(tick, tokens),
@@ -770,7 +766,7 @@ impl CacheModel {
                 let lru = &mut m.ranks[r.rank as usize];
                 lru.tokens += u64::from(node.tokens());
                 lru.entries += 1;
-                m.push_front(idx);
+                m.push_front(r.rank, idx);
                 match m.table.value(slot) {
                     EMPTY => {
                         m.table.set(slot, pack(r.rank, idx));
@@ -883,36 +879,16 @@ impl CacheModel {
 
     /// The key in `slot` has no holders left.
     fn vacate(&mut self, slot: usize) {
-        // An image reads this table's keys by slot: they must stay where they are.
-        let shift = Arc::strong_count(&self.images) == 1;
-        let (nodes, multi) = (&mut self.nodes, &self.multi);
-        self.claimed -= self.table.remove(slot, shift, |key, v, to| {
-            // The moved key's nodes follow it.
-            if v == EMPTY {
-            } else if v & MULTI == 0 {
-                nodes[unpack(v).1 as usize].slot = to as u32;
-            } else if let Some(hs) = multi.get(&key) {
-                hs.iter().for_each(|h| nodes[h.1 as usize].slot = to as u32);
-            }
-        });
+        self.table.remove(slot);
         self.live -= 1;
     }
 
-    /// A slot for `key`, which the table does not have (`at`: the empty slot its probe
-    /// ended on): a removed key's slot on its probe chain if there is one, else a fresh
-    /// one (the table replaced first when too full).
+    /// A slot for `key`, which the table does not have (`at`: the free slot its probe
+    /// gave), the table replaced first when too full.
     fn claim(&mut self, key: u64, mut at: usize) -> usize {
         loop {
-            // Removed keys left while an image read the table, once none does.
-            if self.claimed > self.live && Arc::strong_count(&self.images) == 1 {
-                if let Some(at) = self.table.reusable(key) {
-                    self.table.claim(at, key, EMPTY);
-                    return at;
-                }
-            }
-            if (self.claimed + 1) * MAX_LOAD.1 <= self.table.slots() * MAX_LOAD.0 {
+            if (self.live + 1) * MAX_LOAD.1 <= self.table.slots() * MAX_LOAD.0 {
                 self.table.claim(at, key, EMPTY);
-                self.claimed += 1;
                 return at;
             }
             self.rebuild(self.live + 1);
@@ -923,39 +899,24 @@ impl CacheModel {
         }
     }
 
-    /// Replaces the table by one sized for `live` keys, without the removed ones, and
-    /// points the nodes at their keys' new slots. Readers holding the old table keep it.
+    /// Replaces the table by one sized for `live` keys. Readers holding the old one keep
+    /// it.
     fn rebuild(&mut self, live: usize) {
         let slots = (live * REBUILD_LOAD.1 / REBUILD_LOAD.0).max(64);
         let new = FpTable::with_slots(slots);
-        let old = &self.table;
-        let mut moved = vec![NIL; old.slots()];
-        for (i, to) in moved.iter_mut().enumerate() {
-            let (k, v) = (old.key(i), old.value(i));
-            if k != 0 && v != EMPTY {
-                let Err(at) = new.probe(k) else {
-                    continue;
-                };
-                new.claim(at, k, v);
-                *to = at as u32;
-            }
-        }
-        // Free nodes may point anywhere; they are rewritten when reused.
-        for n in &mut self.nodes {
-            if let Some(to) = moved.get(n.slot as usize) {
-                n.slot = *to;
+        for i in 0..self.table.slots() {
+            let (k, v) = (self.table.key(i), self.table.value(i));
+            if k != 0 {
+                if let Err(at) = new.probe(k) {
+                    new.claim(at, k, v);
+                }
             }
         }
         self.table = Arc::new(new);
-        // Images keep the old table; this one is not pinned by any.
-        self.images = Arc::default();
-        self.claimed = self.live;
     }
 
-    fn unlink(&mut self, idx: u32) {
-        let Node {
-            prev, next, rank, ..
-        } = self.nodes[idx as usize];
+    fn unlink(&mut self, rank: RankId, idx: u32) {
+        let Node { prev, next, .. } = self.nodes[idx as usize];
         if prev != NIL {
             self.nodes[prev as usize].next = next;
         } else {
@@ -968,8 +929,7 @@ impl CacheModel {
         }
     }
 
-    fn push_front(&mut self, idx: u32) {
-        let rank = self.nodes[idx as usize].rank;
+    fn push_front(&mut self, rank: RankId, idx: u32) {
         let old = self.ranks[rank as usize].head;
         self.nodes[idx as usize].prev = NIL;
         self.nodes[idx as usize].next = old;
@@ -982,26 +942,43 @@ impl CacheModel {
     }
 
     /// Removes a node from its rank's list and from its fingerprint's holders.
-    fn drop_node(&mut self, idx: u32) {
-        self.unlink(idx);
+    fn drop_node(&mut self, rank: RankId, idx: u32) {
+        self.unlink(rank, idx);
         let n = self.nodes[idx as usize];
-        let lru = &mut self.ranks[n.rank as usize];
+        let lru = &mut self.ranks[rank as usize];
         lru.tokens = lru.tokens.saturating_sub(u64::from(n.tokens()));
         lru.entries = lru.entries.saturating_sub(1);
         self.entries = self.entries.saturating_sub(1);
-        self.remove_holder(n.slot as usize, n.rank);
+        if let Ok(slot) = self.table.probe(n.key) {
+            self.remove_holder(slot, rank);
+        }
         self.free.push(idx);
     }
 
     fn evict_rank_to_capacity(&mut self, rank: RankId) {
+        let mut batch: SmallVec<[u32; WARM_AHEAD]> = SmallVec::new();
         loop {
             let lru = &self.ranks[rank as usize];
             if lru.tokens <= lru.capacity || lru.tail == NIL {
                 return;
             }
-            let tail = lru.tail;
-            self.drop_node(tail);
-            self.capacity_evictions += 1;
+            // The nodes to drop, tail first (a walk of the list), then their keys' buckets
+            // read in one overlapped batch before the removals need them.
+            let mut excess = lru.tokens - lru.capacity;
+            let mut cur = lru.tail;
+            batch.clear();
+            while cur != NIL && excess > 0 && batch.len() < WARM_AHEAD {
+                let n = &self.nodes[cur as usize];
+                excess = excess.saturating_sub(u64::from(n.tokens()));
+                batch.push(cur);
+                cur = n.prev;
+            }
+            let keys = batch.iter().map(|i| self.nodes[*i as usize].key);
+            std::hint::black_box(self.table.warm(keys));
+            for idx in &batch {
+                self.drop_node(rank, *idx);
+                self.capacity_evictions += 1;
+            }
         }
     }
 
@@ -1015,8 +992,8 @@ impl CacheModel {
                 }
             }
         }
-        if let Some((_, _, idx)) = best {
-            self.drop_node(idx);
+        if let Some((_, rank, idx)) = best {
+            self.drop_node(rank, idx);
             self.cap_evictions += 1;
         } else {
             // Nothing to evict: only possible if the count drifted; stop counting ghosts.
@@ -1040,7 +1017,6 @@ impl ModelImage {
     /// The snapshot of the model as it was when the image was taken.
     pub fn export(&self) -> ModelSnapshot {
         export(
-            &self.table,
             &self.nodes,
             &self.ranks,
             &self.sessions,
@@ -1052,7 +1028,6 @@ impl ModelImage {
 
 /// Fills `out`'s ranks and sessions from a model's parts.
 fn export(
-    table: &FpTable,
     nodes: &[Node],
     ranks: &[RankLru],
     sessions: &PMap<RankId>,
@@ -1067,7 +1042,7 @@ fn export(
         let mut cur = lru.head;
         while cur != NIL {
             let n = &nodes[cur as usize];
-            entries.push((table.key(n.slot as usize), n.tick(), n.tokens()));
+            entries.push((n.key, n.tick(), n.tokens()));
             cur = n.next;
         }
         out.ranks.push(RankSnapshot {
@@ -1100,12 +1075,17 @@ mod tests {
         /// node, and the counts add up.
         fn check_links(&self) {
             let mut listed = 0u64;
+            let mut in_lists = std::collections::HashSet::new();
             for (r, lru) in self.ranks.iter().enumerate() {
                 let (mut cur, mut n, mut tokens) = (lru.head, 0u64, 0u64);
                 while cur != NIL {
                     let node = &self.nodes[cur as usize];
-                    assert_eq!(node.rank as usize, r);
-                    assert_eq!(self.holder_node(node.slot as usize, node.rank), Some(cur));
+                    let slot = self
+                        .table
+                        .probe(node.key)
+                        .expect("a listed key in the table");
+                    assert_eq!(self.holder_node(slot, r as RankId), Some(cur));
+                    in_lists.insert((r as RankId, cur));
                     n += 1;
                     tokens += u64::from(node.tokens());
                     cur = node.next;
@@ -1114,13 +1094,13 @@ mod tests {
                 listed += n;
             }
             assert_eq!(listed, self.entries);
-            let (mut held, mut live, mut shared, mut claimed) = (0u64, 0, 0, 0);
+            let (mut held, mut live, mut shared) = (0u64, 0, 0);
             for i in 0..self.table.slots() {
                 let (k, v) = (self.table.key(i), self.table.value(i));
-                claimed += usize::from(k != 0);
-                if k == 0 || v == EMPTY {
+                if k == 0 {
                     continue;
                 }
+                assert_ne!(v, EMPTY, "a key without holders left in the table");
                 live += 1;
                 let hs: Vec<(RankId, u32)> = if v & MULTI == 0 {
                     vec![unpack(v)]
@@ -1135,13 +1115,16 @@ mod tests {
                     hs.to_vec()
                 };
                 for (rank, node) in hs {
-                    let n = &self.nodes[node as usize];
-                    assert_eq!((n.slot as usize, n.rank), (i, rank));
+                    assert_eq!(self.nodes[node as usize].key, k);
+                    assert!(
+                        in_lists.contains(&(rank, node)),
+                        "holder {rank} node {node} not listed"
+                    );
                     held += 1;
                 }
             }
             assert_eq!(held, self.entries);
-            assert_eq!((live, claimed), (self.live, self.claimed));
+            assert_eq!(live, self.live);
             assert_eq!(shared, self.multi.len());
         }
     }
