@@ -20,7 +20,7 @@
 //! was taken, as a routing hint may. Session hints, the lists of fingerprints held by
 //! several ranks and each rank's free KV are persistent snapshots as of the view.
 
-use crate::fptable::{key_of, pack, unpack, FpTable, EMPTY, MULTI};
+use crate::fptable::{key_of, pack, unpack, FpTable, EMPTY, MULTI, NO_SLOT};
 use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -81,8 +81,8 @@ type PMap<V> = imbl::GenericHashMap<u64, V, Ident, imbl::shared_ptr::DefaultShar
 
 const NIL: u32 = u32::MAX;
 
-/// Table slots read ahead at once (see `FpTable::warm`): enough misses in flight to keep
-/// the memory system busy, few enough to stay in the first-level cache.
+/// Keys whose table buckets are read ahead at once (see `FpTable::warm`): enough misses in
+/// flight to keep the memory system busy, few enough to stay in the first-level cache.
 const WARM_AHEAD: usize = 16;
 
 /// Bits of a node's stamp that hold its chunk's tokens; the tick takes the other 44
@@ -91,10 +91,12 @@ const TOKEN_BITS: u32 = 20;
 /// Tokens one chunk can count (larger counts saturate; chunks are a few thousand tokens).
 pub const MAX_CHUNK_TOKENS: u32 = (1 << TOKEN_BITS) - 1;
 
-/// The table is replaced once its keys pass 17/20 of its slots...
-const MAX_LOAD: (usize, usize) = (17, 20);
-/// ...by one that the live keys fill to 18/25: dense enough for memory, sparse enough that
-/// a linear probe stays a cache line or two.
+/// The table is replaced once its keys pass 9/10 of its slots (two-bucket cuckoo hashing
+/// with four-slot buckets places keys up to about 97%; above 90% room takes longer chains
+/// of moves)...
+const MAX_LOAD: (usize, usize) = (9, 10);
+/// ...by one that the live keys fill to 18/25: dense enough for memory, growth by a
+/// quarter at a time.
 const REBUILD_LOAD: (usize, usize) = (18, 25);
 
 /// One (fingerprint, rank) entry: 24 bytes. Its rank is the list it is in (every caller
@@ -438,7 +440,7 @@ pub struct ModelImage {
 }
 
 /// Approximate bytes one (fingerprint, rank) entry costs: its LRU node and its share of the
-/// table (16-byte slots, 18/25 to 17/20 full). A lower bound: `routerbench index` measures
+/// table (16-byte slots, 18/25 to 9/10 full). A lower bound: `routerbench index` measures
 /// the resident figure, which holder lists of shared fingerprints and allocator slack raise.
 pub const BYTES_PER_ENTRY: u64 = (std::mem::size_of::<Node>() + 16 * 25 / 18) as u64;
 
@@ -751,7 +753,12 @@ impl CacheModel {
         for r in &s.ranks {
             m.set_capacity(r.rank, r.capacity);
             // Oldest first, each pushed to the front: the list ends in the same order.
-            for &(hash, tick, tokens) in r.entries.iter().rev() {
+            for (i, &(hash, tick, tokens)) in r.entries.iter().enumerate().rev() {
+                if i % WARM_AHEAD == WARM_AHEAD - 1 || i == r.entries.len() - 1 {
+                    let from = i.saturating_sub(WARM_AHEAD - 1);
+                    let keys = r.entries[from..=i].iter().map(|e| key_of(e.0));
+                    std::hint::black_box(m.table.warm(keys));
+                }
                 let key = key_of(hash);
                 let slot = m.table.probe(key).unwrap_or_else(|at| m.claim(key, at));
                 let idx = m.nodes.len() as u32;
@@ -884,12 +891,18 @@ impl CacheModel {
     }
 
     /// A slot for `key`, which the table does not have (`at`: the free slot its probe
-    /// gave), the table replaced first when too full.
+    /// gave, or `NO_SLOT`), the table replaced first when too full, or when no room can be
+    /// made below the load (its seed crowded a few buckets: the new table has another).
     fn claim(&mut self, key: u64, mut at: usize) -> usize {
         loop {
             if (self.live + 1) * MAX_LOAD.1 <= self.table.slots() * MAX_LOAD.0 {
-                self.table.claim(at, key, EMPTY);
-                return at;
+                if at == NO_SLOT {
+                    at = self.table.make_room(key).unwrap_or(NO_SLOT);
+                }
+                if at != NO_SLOT {
+                    self.table.claim(at, key, EMPTY);
+                    return at;
+                }
             }
             self.rebuild(self.live + 1);
             at = match self.table.probe(key) {
@@ -899,20 +912,32 @@ impl CacheModel {
         }
     }
 
-    /// Replaces the table by one sized for `live` keys. Readers holding the old one keep
-    /// it.
+    /// Replaces the table by one sized for `live` keys, with a new seed (another, or a
+    /// larger table, if the keys do not all fit). Readers holding the old one keep it.
     fn rebuild(&mut self, live: usize) {
-        let slots = (live * REBUILD_LOAD.1 / REBUILD_LOAD.0).max(64);
-        let new = FpTable::with_slots(slots);
-        for i in 0..self.table.slots() {
-            let (k, v) = (self.table.key(i), self.table.value(i));
-            if k != 0 {
-                if let Err(at) = new.probe(k) {
-                    new.claim(at, k, v);
-                }
+        let mut slots = (live * REBUILD_LOAD.1 / REBUILD_LOAD.0).max(64);
+        let old = &self.table;
+        for attempt in 1.. {
+            let new = FpTable::with_slots(slots);
+            // Keys land in random buckets of the new table: their buckets are read ahead a
+            // batch at a time, so the misses overlap.
+            let fits = (0..old.slots()).step_by(WARM_AHEAD).all(|from| {
+                let to = (from + WARM_AHEAD).min(old.slots());
+                let keys = (from..to).map(|i| old.key(i)).filter(|k| *k != 0);
+                std::hint::black_box(new.warm(keys));
+                (from..to).all(|i| {
+                    let (k, v) = (old.key(i), old.value(i));
+                    k == 0 || new.insert(k, v)
+                })
+            });
+            if fits {
+                self.table = Arc::new(new);
+                return;
+            }
+            if attempt % 3 == 0 {
+                slots += slots / 4;
             }
         }
-        self.table = Arc::new(new);
     }
 
     fn unlink(&mut self, rank: RankId, idx: u32) {
