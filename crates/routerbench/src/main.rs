@@ -6,6 +6,7 @@ mod compare;
 mod fleet;
 mod indexbench;
 mod metricsbench;
+mod modelbench;
 mod peers;
 mod procs;
 mod proxy;
@@ -42,6 +43,8 @@ enum Cmd {
     /// The replicated state at 10M entries: bytes per entry, snapshot size and build time,
     /// restart to routing (the peer's sled-backed state machine store, in process).
     Index(indexbench::IndexArgs),
+    /// The cache model alone (one peer's apply, no Raft or disk) on the `raft` records.
+    Model(modelbench::ModelArgs),
     /// CPU cost of canonicalizing and fingerprinting one request body.
     Canon(canonbench::CanonArgs),
     /// Metric updates per request: the router's lock-free writer vs prometheus-client.
@@ -229,6 +232,9 @@ async fn main() -> anyhow::Result<()> {
         }
         Cmd::Raft(r) => {
             raftbench::run(r).await?;
+        }
+        Cmd::Model(m) => {
+            modelbench::run(m)?;
         }
         Cmd::Index(i) => {
             indexbench::run(i).await?;

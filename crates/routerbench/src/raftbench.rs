@@ -40,6 +40,33 @@ pub struct RaftArgs {
     pub new: usize,
 }
 
+/// Record number `seed`: the next turn of conversation `seed % convs` (on rank
+/// `conv % 16`), its shared prefix plus `fresh` fingerprints of its own, 512 tokens each.
+pub fn record(seed: u64, convs: usize, hashes: usize, fresh: usize) -> Route {
+    let conv = seed % convs as u64;
+    let shared = (hashes - fresh) as u64;
+    let h = |x: u64| xxhash_rust::xxh3::xxh3_64(&x.to_le_bytes());
+    Route {
+        rank: (conv % 16) as u32,
+        hashes: (0..shared)
+            .map(|k| h((conv << 20) | k))
+            .chain((0..fresh as u64).map(|k| h((seed << 24) | (1 << 23) | k)))
+            .collect(),
+        chunk_tokens: vec![512; hashes],
+        session: None,
+    }
+}
+
+/// The server the records' ranks belong to: 16 ranks of 10M tokens.
+pub fn join() -> Command {
+    Command::JoinServer {
+        url: "http://bench:80".into(),
+        ranks: 16,
+        capacity_tokens: 10_000_000,
+        weight: 1.0,
+    }
+}
+
 /// Runs the benchmark and prints its figures.
 pub async fn run(a: RaftArgs) -> anyhow::Result<()> {
     let dir = std::env::temp_dir().join(format!("routerbench-raft-{}", std::process::id()));
@@ -83,14 +110,7 @@ pub async fn run(a: RaftArgs) -> anyhow::Result<()> {
         anyhow::ensure!(t.elapsed() < Duration::from_secs(10), "no leader");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let joined = nodes[0]
-        .propose(Command::JoinServer {
-            url: "http://bench:80".into(),
-            ranks: 16,
-            capacity_tokens: 10_000_000,
-            weight: 1.0,
-        })
-        .await?;
+    let joined = nodes[0].propose(join()).await?;
     eprintln!("cluster up: {joined:?}");
 
     let batches = a.records.div_ceil(a.batch);
@@ -117,23 +137,7 @@ pub async fn run(a: RaftArgs) -> anyhow::Result<()> {
                         return Ok::<u64, anyhow::Error>(last);
                     }
                     let routes = (0..batch)
-                        .map(|i| {
-                            let seed = (b * batch + i) as u64;
-                            let conv = seed % convs as u64;
-                            let shared = (hashes - fresh) as u64;
-                            let h = |x: u64| xxhash_rust::xxh3::xxh3_64(&x.to_le_bytes());
-                            Route {
-                                rank: (conv % 16) as u32,
-                                hashes: (0..shared)
-                                    .map(|k| h((conv << 20) | k))
-                                    .chain(
-                                        (0..fresh as u64).map(|k| h((seed << 24) | (1 << 23) | k)),
-                                    )
-                                    .collect(),
-                                chunk_tokens: vec![512; hashes],
-                                session: None,
-                            }
-                        })
+                        .map(|i| record((b * batch + i) as u64, convs, hashes, fresh))
                         .collect();
                     let t = Instant::now();
                     let (idx, _) = n
