@@ -44,7 +44,7 @@ enum Cmd {
     /// restart to routing (the peer's sled-backed state machine store, in process).
     Index(indexbench::IndexArgs),
     /// The cache model alone (one peer's apply, no Raft or disk) on the `raft` records.
-    Model(modelbench::ModelArgs),
+    Model(raftbench::RecordArgs),
     /// CPU cost of canonicalizing and fingerprinting one request body.
     Canon(canonbench::CanonArgs),
     /// Metric updates per request: the router's lock-free writer vs prometheus-client.

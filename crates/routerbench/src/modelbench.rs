@@ -2,33 +2,13 @@
 //! no disk, one thread), on the records `routerbench raft` replicates. What that figure
 //! is made of, without the network, the log and three peers sharing two cores.
 
-use crate::raftbench::{join, record};
+use crate::raftbench::{join, record, RecordArgs};
 use router_core::{Command, Machine};
 use std::time::{Duration, Instant};
 
-/// Settings.
-#[derive(Debug, Clone, clap::Args)]
-pub struct ModelArgs {
-    /// Route records to apply.
-    #[arg(long, default_value_t = 200_000)]
-    pub records: usize,
-    /// Records per `RecordRoutes` command (the router's `batch_routes`).
-    #[arg(long, default_value_t = 512)]
-    pub batch: usize,
-    /// Fingerprints per record.
-    #[arg(long, default_value_t = 80)]
-    pub hashes: usize,
-    /// Conversations the records belong to (5000: the model thrashes; see `raft`).
-    #[arg(long, default_value_t = 2000)]
-    pub conversations: usize,
-    /// New fingerprints per record.
-    #[arg(long, default_value_t = 4)]
-    pub new: usize,
-}
-
 /// Applies the records and prints the rate (commands are built outside the timed part);
 /// returns the model's counters.
-pub fn run(a: ModelArgs) -> anyhow::Result<router_core::IndexStats> {
+pub fn run(a: RecordArgs) -> anyhow::Result<router_core::IndexStats> {
     anyhow::ensure!(
         a.batch > 0 && a.hashes > 0,
         "--batch and --hashes must be positive"
@@ -80,7 +60,7 @@ mod tests {
     /// model evicts down to its capacity and stays within it.
     #[test]
     fn thrashing_records_stay_within_the_modelled_capacity() {
-        let s = run(ModelArgs {
+        let s = run(RecordArgs {
             records: 20_000,
             batch: 512,
             hashes: 80,

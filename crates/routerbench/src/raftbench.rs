@@ -10,24 +10,18 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Settings.
+/// The route records `raft` replicates and `model` applies.
 #[derive(Debug, Clone, clap::Args)]
-pub struct RaftArgs {
-    /// Route records to replicate in total.
+pub struct RecordArgs {
+    /// Route records in total.
     #[arg(long, default_value_t = 200_000)]
     pub records: usize,
-    /// Records per proposal (the router's `batch_routes`).
+    /// Records per proposal / command (the router's `batch_routes`).
     #[arg(long, default_value_t = 512)]
     pub batch: usize,
     /// Fingerprints per record (a 40k-token prompt at 2 KiB chunks is about 80).
     #[arg(long, default_value_t = 80)]
     pub hashes: usize,
-    /// Proposals in flight per peer.
-    #[arg(long, default_value_t = 4)]
-    pub pipeline: usize,
-    /// Peers.
-    #[arg(long, default_value_t = 3)]
-    pub peers: u64,
     /// Conversations the records belong to. Like agent turns, a record repeats its
     /// conversation's prefix (touches) and adds `--new` fingerprints of its own.
     /// The default's shared prefixes (2000 x 76 chunks x 512 tokens) fit the 16 ranks' modelled
@@ -38,6 +32,19 @@ pub struct RaftArgs {
     /// New fingerprints per record (the rest are the conversation's shared prefix).
     #[arg(long, default_value_t = 4)]
     pub new: usize,
+}
+
+/// Settings.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RaftArgs {
+    #[command(flatten)]
+    pub rec: RecordArgs,
+    /// Proposals in flight per peer.
+    #[arg(long, default_value_t = 4)]
+    pub pipeline: usize,
+    /// Peers.
+    #[arg(long, default_value_t = 3)]
+    pub peers: u64,
 }
 
 /// Record number `seed`: the next turn of conversation `seed % convs` (on rank
@@ -113,7 +120,7 @@ pub async fn run(a: RaftArgs) -> anyhow::Result<()> {
     let joined = nodes[0].propose(join()).await?;
     eprintln!("cluster up: {joined:?}");
 
-    let batches = a.records.div_ceil(a.batch);
+    let batches = a.rec.records.div_ceil(a.rec.batch);
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let latencies = Arc::new(std::sync::Mutex::new(Vec::<Duration>::new()));
     let started = Instant::now();
@@ -124,10 +131,10 @@ pub async fn run(a: RaftArgs) -> anyhow::Result<()> {
             let next = next.clone();
             let lat = latencies.clone();
             let (batch, hashes, convs, fresh) = (
-                a.batch,
-                a.hashes,
-                a.conversations.max(1),
-                a.new.min(a.hashes),
+                a.rec.batch,
+                a.rec.hashes,
+                a.rec.conversations.max(1),
+                a.rec.new.min(a.rec.hashes),
             );
             tasks.push(tokio::spawn(async move {
                 let mut last = 0u64;
@@ -166,7 +173,7 @@ pub async fn run(a: RaftArgs) -> anyhow::Result<()> {
         }
     }
     let all = started.elapsed();
-    let records = (batches * a.batch) as f64;
+    let records = (batches * a.rec.batch) as f64;
     let mut lat = latencies
         .lock()
         .map_err(|_| anyhow::anyhow!("poisoned"))?
@@ -182,7 +189,7 @@ pub async fn run(a: RaftArgs) -> anyhow::Result<()> {
     };
     println!(
         "peers {}  records {}  batch {}  fingerprints/record {} ({} new, the rest a conversation prefix of {} conversations)  pipeline {}/peer",
-        a.peers, records, a.batch, a.hashes, a.new, a.conversations, a.pipeline
+        a.peers, records, a.rec.batch, a.rec.hashes, a.rec.new, a.rec.conversations, a.pipeline
     );
     println!(
         "replicated and applied on every peer: {:.0} records/s ({:.2} s; proposals done after {:.2} s)",
