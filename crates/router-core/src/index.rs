@@ -545,7 +545,7 @@ impl CacheModel {
         // Always a live node of this rank's list (a neighbour of one), or NIL: its key
         // alone tells whether it is the chunk's.
         let mut hint = NIL;
-        // Chunks from this index on have had their table slots read ahead (`warm`).
+        // Chunks from this index on have had their table buckets read ahead (`warm`).
         let mut warmed = hashes.len();
         // Last to first: the head of the prefix ends up most recent.
         for (i, h) in hashes.iter().enumerate().rev() {
@@ -553,7 +553,7 @@ impl CacheModel {
             let hinted = (hint != NIL && self.nodes[hint as usize].key == key).then_some(hint);
             if hinted.is_none() && i < warmed {
                 // A chunk that needs a probe: usually the ones before it will too (a new
-                // or evicted prefix), so read their slots ahead in one overlapped batch.
+                // or evicted prefix), so read their buckets ahead in one overlapped batch.
                 let from = i.saturating_sub(WARM_AHEAD - 1);
                 let keys = hashes[from..=i].iter().map(|h| key_of(*h));
                 std::hint::black_box(self.table.warm(keys));
