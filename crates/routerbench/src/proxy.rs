@@ -423,7 +423,7 @@ pub async fn run(a: ProxyArgs) -> anyhow::Result<serde_json::Value> {
             rps[t]
         );
     }
-    println!("\nrouter added p50: {:.3} ms (target <= 0.5); router / nginx throughput: {:.2}x (target >= 0.8)", p50[1] - p50[0], rps[1] / rps[2]);
+    println!("\nrouter added p50: {:.3} ms (target <= 0.25); router / nginx throughput: {:.2}x (target >= 1.0)", p50[1] - p50[0], rps[1] / rps[2]);
     if a.compare_router.is_some() {
         println!(
             "router / router-b throughput: {:.3}x (median of per-round ratios); router-b / nginx: {:.2}x",
