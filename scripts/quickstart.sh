@@ -33,6 +33,13 @@ echo "running a ${DURATION}s agent workload (16 developers), each turn to a rand
 "$B/routerbench" agent --url http://127.0.0.1:8081,http://127.0.0.1:8082,http://127.0.0.1:8083 \
   --developers 16 --duration "$DURATION" --time-scale 10
 echo
+# The last turns' records may still be on their way through Raft: wait (at most 5 s) until
+# every peer has applied them, so the digests below compare one state.
+for _ in $(seq 50); do
+  n="$("$B/routerctl" status --json | grep -o '"state_digest":"[0-9a-f]*"' | sort -u | wc -l)"
+  [ "$n" = 1 ] && break
+  sleep 0.1
+done
 "$B/routerctl" status
 echo "router 1 metrics:"
 curl -s http://127.0.0.1:8081/metrics | grep -E '^router_(route_decisions_total|usage_(prompt|cached)_tokens_total|index_entries|route_records_dropped_total|raft_(term|commit_index|applied_index|proposals_total|proposed_routes_total))'
