@@ -2,27 +2,21 @@
 //! no disk, one thread), on the records `routerbench raft` replicates. What that figure
 //! is made of, without the network, the log and three peers sharing two cores.
 
-use crate::raftbench::{join, record, RecordArgs};
+use crate::raftbench::{join, RecordArgs};
 use router_core::{Command, Machine};
 use std::time::{Duration, Instant};
 
 /// Applies the records and prints the rate (commands are built outside the timed part);
 /// returns the model's counters.
 pub fn run(a: RecordArgs) -> anyhow::Result<router_core::IndexStats> {
-    anyhow::ensure!(
-        a.batch > 0 && a.hashes > 0,
-        "--batch and --hashes must be positive"
-    );
+    a.check()?;
     let mut m = Machine::new(50_000_000, 1_000_000);
     m.apply(&join());
-    let (convs, fresh) = (a.conversations.max(1), a.new.min(a.hashes));
     let mut applying = Duration::ZERO;
     let mut done = 0;
     while done < a.records {
         let n = a.batch.min(a.records - done);
-        let routes = (done..done + n)
-            .map(|s| record(s as u64, convs, a.hashes, fresh))
-            .collect();
+        let routes = (done..done + n).map(|s| a.record(s as u64)).collect();
         let cmd = Command::RecordRoutes {
             peer: 1,
             at_ms: 0,
@@ -36,7 +30,10 @@ pub fn run(a: RecordArgs) -> anyhow::Result<router_core::IndexStats> {
     let stats = m.model().stats();
     println!(
         "records {}  fingerprints/record {} ({} new)  conversations {}",
-        a.records, a.hashes, fresh, convs
+        a.records,
+        a.hashes,
+        a.fresh(),
+        a.conversations.max(1)
     );
     println!(
         "applied: {:.0} records/s ({:.2} s)",

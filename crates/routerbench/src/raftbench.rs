@@ -47,20 +47,38 @@ pub struct RaftArgs {
     pub peers: u64,
 }
 
-/// Record number `seed`: the next turn of conversation `seed % convs` (on rank
-/// `conv % 16`), its shared prefix plus `fresh` fingerprints of its own, 512 tokens each.
-pub fn record(seed: u64, convs: usize, hashes: usize, fresh: usize) -> Route {
-    let conv = seed % convs as u64;
-    let shared = (hashes - fresh) as u64;
-    let h = |x: u64| xxhash_rust::xxh3::xxh3_64(&x.to_le_bytes());
-    Route {
-        rank: (conv % 16) as u32,
-        hashes: (0..shared)
-            .map(|k| h((conv << 20) | k))
-            .chain((0..fresh as u64).map(|k| h((seed << 24) | (1 << 23) | k)))
-            .collect(),
-        chunk_tokens: vec![512; hashes],
-        session: None,
+impl RecordArgs {
+    /// Refuses settings that make no records (a zero batch would divide by zero).
+    pub fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.batch > 0 && self.hashes > 0,
+            "--batch and --hashes must be positive"
+        );
+        Ok(())
+    }
+
+    /// New fingerprints per record: `--new`, at most the whole record.
+    pub fn fresh(&self) -> usize {
+        self.new.min(self.hashes)
+    }
+
+    /// Record number `seed`: the next turn of conversation `seed % conversations` (on rank
+    /// `conv % 16`), its shared prefix plus [`Self::fresh`] fingerprints of its own, 512
+    /// tokens each.
+    pub fn record(&self, seed: u64) -> Route {
+        let conv = seed % self.conversations.max(1) as u64;
+        let fresh = self.fresh();
+        let shared = (self.hashes - fresh) as u64;
+        let h = |x: u64| xxhash_rust::xxh3::xxh3_64(&x.to_le_bytes());
+        Route {
+            rank: (conv % 16) as u32,
+            hashes: (0..shared)
+                .map(|k| h((conv << 20) | k))
+                .chain((0..fresh as u64).map(|k| h((seed << 24) | (1 << 23) | k)))
+                .collect(),
+            chunk_tokens: vec![512; self.hashes],
+            session: None,
+        }
     }
 }
 
@@ -76,6 +94,7 @@ pub fn join() -> Command {
 
 /// Runs the benchmark and prints its figures.
 pub async fn run(a: RaftArgs) -> anyhow::Result<()> {
+    a.rec.check()?;
     let dir = std::env::temp_dir().join(format!("routerbench-raft-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let addrs: Vec<std::net::SocketAddr> = (0..a.peers)
@@ -130,12 +149,7 @@ pub async fn run(a: RaftArgs) -> anyhow::Result<()> {
             let n = n.clone();
             let next = next.clone();
             let lat = latencies.clone();
-            let (batch, hashes, convs, fresh) = (
-                a.rec.batch,
-                a.rec.hashes,
-                a.rec.conversations.max(1),
-                a.rec.new.min(a.rec.hashes),
-            );
+            let rec = a.rec.clone();
             tasks.push(tokio::spawn(async move {
                 let mut last = 0u64;
                 loop {
@@ -143,8 +157,8 @@ pub async fn run(a: RaftArgs) -> anyhow::Result<()> {
                     if b >= batches {
                         return Ok::<u64, anyhow::Error>(last);
                     }
-                    let routes = (0..batch)
-                        .map(|i| record((b * batch + i) as u64, convs, hashes, fresh))
+                    let routes = (0..rec.batch)
+                        .map(|i| rec.record((b * rec.batch + i) as u64))
                         .collect();
                     let t = Instant::now();
                     let (idx, _) = n
