@@ -36,7 +36,8 @@ echo
 # The last turns' records may still be on their way through Raft: wait (at most 5 s) until
 # every peer has applied them, so the digests below compare one state.
 for _ in $(seq 50); do
-  n="$("$B/routerctl" status --json | grep -o '"state_digest":"[0-9a-f]*"' | sort -u | wc -l)"
+  # A failed status call or no digest yet counts as not settled (not as a script error).
+  n="$("$B/routerctl" status --json | grep -o '"state_digest":"[0-9a-f]*"' | sort -u | wc -l)" || n=0
   [ "$n" = 1 ] && break
   sleep 0.1
 done
